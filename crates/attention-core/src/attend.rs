@@ -1,0 +1,137 @@
+//! The attention core, `softmax(mask(q kᵀ) / √head_dim) v`, on its two paths.
+
+use burn::nn::Dropout;
+use burn::prelude::*;
+use burn::tensor::Bool;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+
+use crate::mask::attention_mask;
+
+/// How the attention core is computed. Both paths give the same result (to float rounding);
+/// they differ in speed, memory and what they can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionPath {
+    /// `Fused` for inference, `Explicit` on an autodiff backend (with or without dropout).
+    ///
+    /// On an autodiff backend Burn 0.21 differentiates the fused op through the same composite
+    /// ops as the explicit path (no memory saved), and its division's gradient is computed with
+    /// an approximate reciprocal on ndarray; the explicit path's softmax avoids that.
+    #[default]
+    Auto,
+    /// Scores, mask, softmax, dropout and the weighted sum as separate tensor ops, as the source
+    /// chapter writes them. Materializes `[batch, heads, seq, seq]`; the only path with dropout.
+    Explicit,
+    /// Burn's fused [`attention`] op with `is_causal`: flash attention on wgpu, a tiled kernel on
+    /// burn-flex, a NaN-safe fallback elsewhere. Never applies dropout.
+    Fused,
+}
+
+/// What the explicit path computes on its way.
+pub(crate) struct AttentionScores<B: Backend> {
+    /// `[batch, heads, queries, head_dim]`
+    pub context: Tensor<B, 4>,
+    /// `q kᵀ`: `[batch, heads, queries, keys]`
+    pub scores: Tensor<B, 4>,
+    /// The scores with `-inf` where masked.
+    pub masked_scores: Tensor<B, 4>,
+    /// Softmax of the scaled, masked scores, before dropout.
+    pub weights: Tensor<B, 4>,
+}
+
+/// The mask of queries `q` that follow `past` cached positions, with optional key padding.
+///
+/// # Shapes
+/// - `q`: `[batch, heads, queries, head_dim]`; `key_padding`: `[batch, past + queries]`
+/// - output: `[batch, heads, queries, past + queries]`
+pub(crate) fn mask_for<B: Backend>(
+    q: &Tensor<B, 4>,
+    past: usize,
+    key_padding: Option<Tensor<B, 2, Bool>>,
+) -> Tensor<B, 4, Bool> {
+    let [batch, heads, queries, _] = q.dims();
+    attention_mask([batch, heads, queries, past], key_padding, &q.device())
+}
+
+/// The chapter's attention: `dropout(softmax(masked_fill(q kᵀ, mask, -inf) / √head_dim)) v`.
+///
+/// Rows whose keys are all masked get weights 0 (the chapter's softmax would give NaN).
+///
+/// # Shapes
+/// - `q`: `[batch, heads, queries, head_dim]`; `k`, `v`: `[batch, heads, keys, head_dim]`
+/// - `mask`: `[batch, heads, queries, keys]`, `true` = masked
+pub(crate) fn explicit<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: Tensor<B, 4, Bool>,
+    dropout: &Dropout,
+) -> AttentionScores<B> {
+    let head_dim = q.dims()[3];
+    let scores = q.matmul(k.swap_dims(2, 3)); // [batch, heads, queries, keys]
+    let masked_scores = scores.clone().mask_fill(mask.clone(), f32::NEG_INFINITY);
+    // Divided, not multiplied by 1/√hd, exactly as the reference rounds.
+    let weights = masked_softmax(scores.clone() / (head_dim as f64).sqrt(), mask);
+    let context = dropout.forward(weights.clone()).matmul(v);
+    AttentionScores {
+        context,
+        scores,
+        masked_scores,
+        weights,
+    }
+}
+
+/// `softmax(masked_fill(scaled, mask, -inf))` over the last dimension, as PyTorch computes it
+/// forward and backward; a row whose keys are all masked gets zeros instead of NaN.
+///
+/// The value is `exp(x - max) / sum`, rounded as `torch.softmax` rounds it. The gradient is
+/// PyTorch's `w ⊙ (g - Σ g ⊙ w)`, attached through a term that is exactly zero in value:
+/// `w + w ⊙ (δ - Σ w ⊙ δ)` with `δ = scaled - detach(scaled)`. Differentiating the division
+/// instead would go through burn-ndarray 0.21's approximate SIMD reciprocal (about 12 bits),
+/// which costs up to 1e-3 relative gradient error.
+///
+/// # Shapes
+/// - `scaled`: `[batch, heads, queries, keys]`, finite; `mask`: the same, `true` = masked
+fn masked_softmax<B: Backend>(scaled: Tensor<B, 4>, mask: Tensor<B, 4, Bool>) -> Tensor<B, 4> {
+    let x = scaled.clone().detach().mask_fill(mask, f32::NEG_INFINITY);
+    // A row of -inf has max -inf; clamping keeps `x - max` at -inf (exp = 0) rather than NaN.
+    let max = x.clone().max_dim(3).clamp_min(f32::MIN);
+    let exp = (x - max).exp();
+    // A sum of at least 1 (every row with a finite entry) is left as it is.
+    let sum = exp.clone().sum_dim(3).clamp_min(f32::MIN_POSITIVE);
+    let weights = exp / sum;
+    if !B::ad_enabled(&weights.device()) {
+        return weights;
+    }
+    let delta = scaled.clone() - scaled.detach(); // 0, carrying the gradient of `scaled`
+    let centered = delta.clone() - (weights.clone() * delta).sum_dim(3);
+    weights.clone() + weights * centered
+}
+
+/// Burn's fused attention with its causal mask (aligned bottom-right, so `queries < keys` means
+/// the queries are the last positions) and an optional key-padding mask. Scale left at its
+/// default `1/√head_dim`: passing it explicitly sends cubecl to its slow fallback.
+///
+/// # Shapes
+/// - `q`: `[batch, heads, queries, head_dim]`; `k`, `v`: `[batch, heads, keys, head_dim]`
+/// - `key_padding`: `[batch, keys]`, `true` = padding
+/// - output: `[batch, heads, queries, head_dim]`
+pub(crate) fn fused<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    key_padding: Option<Tensor<B, 2, Bool>>,
+) -> Tensor<B, 4> {
+    let [batch, heads, queries, _] = q.dims();
+    let keys = k.dims()[2];
+    let padding = key_padding.map(|mask| {
+        mask.reshape([batch, 1, 1, keys])
+            .expand([batch, heads, queries, keys])
+    });
+    let options = AttentionModuleOptions {
+        scale: None,
+        softcap: None,
+        is_causal: true,
+    };
+    attention(q, k, v, padding, None, options)
+}

@@ -1,0 +1,85 @@
+//! Errors a user's input can cause: a bad config, a misshapen input, a full cache.
+
+use thiserror::Error;
+
+/// What was wrong with a [config](crate::MultiHeadAttentionConfig), an input or a
+/// [cache](crate::KvCache).
+///
+/// Every fallible method returns it (`try_init`, `try_forward`, `try_forward_cached`, …);
+/// the panicking variants (`init`, `forward`, …) panic with its message.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum AttentionError {
+    /// A size in the config is zero.
+    #[error("`{name}` must be at least 1, got 0")]
+    ZeroSize {
+        /// The config field that is zero.
+        name: &'static str,
+    },
+    /// `output_dim` does not split evenly into `num_heads` heads.
+    #[error("`output_dim` ({output_dim}) must be divisible by `num_heads` ({num_heads})")]
+    HeadsDoNotDivide {
+        /// The configured output width.
+        output_dim: usize,
+        /// The configured number of heads.
+        num_heads: usize,
+    },
+    /// The dropout probability is outside `[0, 1)`.
+    #[error("`dropout` must be in [0, 1), got {0}")]
+    DropoutOutOfRange(f64),
+    /// The input's last dimension is not the layer's `input_dim`.
+    #[error(
+        "input has {found} features in its last dimension, the layer expects input_dim = {expected}"
+    )]
+    InputDim {
+        /// The layer's `input_dim`.
+        expected: usize,
+        /// The input's last dimension.
+        found: usize,
+    },
+    /// The input has no tokens.
+    #[error("input sequence is empty (seq = 0)")]
+    EmptySequence,
+    /// The sequence (or the cache after this step) is longer than `context_length`.
+    #[error("sequence of {seq} tokens exceeds context_length = {context_length}")]
+    ContextOverflow {
+        /// Tokens the step would hold in total.
+        seq: usize,
+        /// The layer's `context_length`.
+        context_length: usize,
+    },
+    /// A key-padding mask whose shape is not `[batch, seq]` of the input.
+    #[error("key-padding mask has shape {found:?}, expected [batch, seq] = {expected:?}")]
+    PaddingShape {
+        /// `[batch, seq]` of the input.
+        expected: [usize; 2],
+        /// The mask's shape.
+        found: [usize; 2],
+    },
+    /// The input's batch size differs from the one the cache was filled with.
+    #[error("input batch size {found} does not match the cache's batch size {expected}")]
+    CacheBatch {
+        /// The cache's batch size.
+        expected: usize,
+        /// The input's batch size.
+        found: usize,
+    },
+    /// The cache was made for a layer of another shape.
+    #[error(
+        "cache holds {cache_heads} heads of {cache_head_dim} for {cache_context} positions, \
+         the layer has {heads} heads of {head_dim} and context_length = {context}"
+    )]
+    CacheLayout {
+        /// Heads in the cache.
+        cache_heads: usize,
+        /// Head width in the cache.
+        cache_head_dim: usize,
+        /// Capacity of the cache.
+        cache_context: usize,
+        /// Heads of the layer.
+        heads: usize,
+        /// Head width of the layer.
+        head_dim: usize,
+        /// `context_length` of the layer.
+        context: usize,
+    },
+}

@@ -1,0 +1,40 @@
+//! Causal multi-head self-attention for [Burn](https://burn.dev), the GPT layer of the source
+//! chapter ("implement the GPT multi-head attention layer"), with exact PyTorch parity.
+//!
+//! ```
+//! use attention_core::MultiHeadAttentionConfig;
+//! use burn::backend::NdArray;
+//! use burn::prelude::*;
+//!
+//! let device = Default::default();
+//! // The chapter's example: 4 features in and out, 2 heads, up to 6 tokens.
+//! let layer = MultiHeadAttentionConfig::new(4, 4, 6, 2)
+//!     .with_dropout(0.1)
+//!     .init::<NdArray>(&device);
+//! let x = Tensor::<NdArray, 3>::random([1, 6, 4], burn::tensor::Distribution::Default, &device);
+//! let y = layer.forward(x.clone());
+//! assert_eq!(y.dims(), [1, 6, 4]);
+//!
+//! // What the chapter prints: scores, masked scores and weights, [batch, heads, seq, seq].
+//! let trace = layer.forward_traced(x).unwrap();
+//! assert_eq!(trace.weights.dims(), [1, 2, 6, 6]);
+//! ```
+//!
+//! - [`MultiHeadAttentionConfig`] / [`MultiHeadAttention`]: the layer (`mha.rs`).
+//! - [`AttentionPath`]: the explicit and the fused attention core (`attend.rs`).
+//! - [`mask`]: causal and key-padding masks.
+//! - [`KvCache`]: incremental decoding (`cache.rs`).
+//! - [`weights`]: PyTorch state dicts in and out (the chapter's and GPT-2's layouts).
+#![warn(missing_docs)]
+
+mod attend;
+mod cache;
+mod error;
+pub mod mask;
+mod mha;
+pub mod weights;
+
+pub use attend::AttentionPath;
+pub use cache::KvCache;
+pub use error::AttentionError;
+pub use mha::{AttentionInput, AttentionTrace, MultiHeadAttention, MultiHeadAttentionConfig};

@@ -1,0 +1,72 @@
+//! Shared by the integration tests: the PyTorch fixtures and small builders.
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::path::PathBuf;
+
+use attention_core::weights::StateDict;
+use attention_core::{MultiHeadAttention, MultiHeadAttentionConfig};
+use burn::prelude::*;
+
+/// PyTorch's `allclose` tolerance the fixtures are made for (see `fixtures/README.md`).
+pub const ATOL: f64 = 1e-5;
+pub const RTOL: f64 = 1e-4;
+
+/// The chapter-module fixtures (`book_*.safetensors`), sorted.
+pub fn book_fixtures() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("tests/fixtures")
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            let name = path.file_name().unwrap().to_string_lossy();
+            name.starts_with("book_") && name.ends_with(".safetensors")
+        })
+        .collect();
+    files.sort();
+    assert!(files.len() >= 8, "expected the 8 book fixtures in {dir:?}");
+    files
+}
+
+/// The number of heads in a fixture's name (`…_h<heads>_…`).
+pub fn heads_of(path: &std::path::Path) -> usize {
+    let name = path.file_stem().unwrap().to_string_lossy();
+    name.split('_')
+        .find_map(|part| part.strip_prefix('h').and_then(|n| n.parse().ok()))
+        .expect("fixture name has _h<heads>_")
+}
+
+/// A fixture's layer, built from its weights in `weights_file` (the fixture itself or its `.pt`).
+pub fn fixture_layer<B: Backend>(
+    fixture: &StateDict,
+    weights_file: &std::path::Path,
+    device: &B::Device,
+) -> MultiHeadAttention<B> {
+    let weights = StateDict::load(weights_file).unwrap();
+    let config = weights
+        .infer_config(
+            heads_of(fixture.path()),
+            fixture.mask_context_length().unwrap(),
+        )
+        .unwrap();
+    weights.to_layer(&config, device).unwrap()
+}
+
+/// A layer with PyTorch's default initialization from a fixed seed.
+pub fn seeded_layer<B: Backend>(
+    config: &MultiHeadAttentionConfig,
+    seed: u64,
+    device: &B::Device,
+) -> MultiHeadAttention<B> {
+    B::seed(device, seed);
+    config.init(device)
+}
+
+/// A standard-normal tensor from a fixed seed.
+pub fn randn<B: Backend, const D: usize>(
+    shape: [usize; D],
+    seed: u64,
+    device: &B::Device,
+) -> Tensor<B, D> {
+    B::seed(device, seed);
+    Tensor::random(shape, burn::tensor::Distribution::Normal(0.0, 1.0), device)
+}

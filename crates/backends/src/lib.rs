@@ -1,0 +1,107 @@
+//! The backends this workspace runs on, named in one place, and a probe that tells whether wgpu
+//! has an adapter *before* Burn's wgpu runtime would panic for the lack of one.
+//!
+//! Tests instantiate generic bodies per backend with [`backend_tests!`].
+#![warn(missing_docs)]
+
+pub mod compare;
+
+use thiserror::Error;
+
+/// Burn's ndarray CPU backend, `f32`.
+pub type NdArray = burn::backend::NdArray<f32>;
+/// Burn's ndarray CPU backend in `f64`, for finite-difference gradient checks.
+pub type NdArray64 = burn::backend::NdArray<f64>;
+/// burn-flex, Burn's fast CPU backend, `f32`.
+pub type Flex = burn::backend::Flex;
+/// Burn's wgpu backend (Vulkan on Linux), `f32`.
+pub type Wgpu = burn::backend::Wgpu;
+/// Burn's autodiff decorator.
+pub use burn::backend::Autodiff;
+/// The device type of [`Wgpu`].
+pub use burn::backend::wgpu::WgpuDevice;
+
+/// The environment variable under which a missing wgpu adapter is a failure, not a skip
+/// (set by `.ci/run`).
+pub const REQUIRE_WGPU: &str = "REQUIRE_WGPU";
+
+/// wgpu found no adapter to run on.
+#[derive(Debug, Clone, Error)]
+#[error(
+    "no wgpu adapter found ({reason}); on Debian/Ubuntu install a software Vulkan driver with \
+     `apt-get install -y mesa-vulkan-drivers libvulkan1`, or run on a machine with a GPU"
+)]
+pub struct NoAdapter {
+    /// What wgpu said.
+    pub reason: String,
+}
+
+/// The default wgpu device, after checking that wgpu has an adapter for it: Burn's wgpu runtime
+/// panics on its first use when there is none.
+pub fn wgpu_device() -> Result<WgpuDevice, NoAdapter> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends: wgpu::Backends::PRIMARY,
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
+    });
+    let adapter =
+        futures_lite::future::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            force_fallback_adapter: false,
+            compatible_surface: None,
+        }));
+    match adapter {
+        Ok(_) => Ok(WgpuDevice::default()),
+        Err(error) => Err(NoAdapter {
+            reason: error.to_string(),
+        }),
+    }
+}
+
+/// The wgpu device for a test, or `None` (after saying why on stderr) when there is no adapter
+/// and [`REQUIRE_WGPU`] is not set.
+///
+/// # Panics
+/// When there is no adapter and [`REQUIRE_WGPU`] is set to anything but `0` or empty.
+pub fn wgpu_device_for_test(test: &str) -> Option<WgpuDevice> {
+    match wgpu_device() {
+        Ok(device) => Some(device),
+        Err(error) => {
+            let required = std::env::var(REQUIRE_WGPU).is_ok_and(|v| !v.is_empty() && v != "0");
+            if required {
+                panic!("{test}: {error} ({REQUIRE_WGPU} is set)");
+            }
+            eprintln!("SKIPPED {test} on wgpu: {error}");
+            None
+        }
+    }
+}
+
+/// Instantiates generic test bodies `fn name<B: Backend>(device: &B::Device)` on every backend:
+/// a module per backend (`ndarray`, `flex`, `wgpu`) with one `#[test]` per body. On wgpu a test
+/// is skipped, saying why, when there is no adapter (see [`wgpu_device_for_test`]).
+///
+/// ```ignore
+/// fn rows_sum_to_one<B: Backend>(device: &B::Device) { /* … */ }
+/// attention_backends::backend_tests!(rows_sum_to_one);
+/// ```
+#[macro_export]
+macro_rules! backend_tests {
+    ($($body:ident),+ $(,)?) => {
+        mod ndarray {
+            $( #[test] fn $body() { super::$body::<$crate::NdArray>(&Default::default()) } )+
+        }
+        mod flex {
+            $( #[test] fn $body() { super::$body::<$crate::Flex>(&Default::default()) } )+
+        }
+        mod wgpu {
+            $(
+                #[test]
+                fn $body() {
+                    if let Some(device) = $crate::wgpu_device_for_test(stringify!($body)) {
+                        super::$body::<$crate::Wgpu>(&device)
+                    }
+                }
+            )+
+        }
+    };
+}
