@@ -161,6 +161,11 @@ impl StateDict {
         self.tensors.keys().map(String::as_str)
     }
 
+    /// The raw tensor `key`, as stored, if present.
+    pub fn data(&self, key: &str) -> Option<&TensorData> {
+        self.tensors.get(key)
+    }
+
     /// The shape of `key`, if present.
     pub fn shape(&self, key: &str) -> Option<&[usize]> {
         self.tensors.get(key).map(|data| data.shape.as_slice())

@@ -1,0 +1,120 @@
+//! The command line, the same for every demo.
+
+use std::path::PathBuf;
+
+use attention_core::AttentionPath;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Causal multi-head attention (the GPT layer of the source chapter) on one Burn backend.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+pub struct Cli {
+    /// What to run; `walkthrough` when omitted.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The chapter's example: 6 tokens, 4 features, 2 heads; prints scores, masked scores and
+    /// attention weights.
+    Walkthrough(WalkthroughArgs),
+    /// Checks autodiff gradients for the input and every parameter.
+    Gradcheck(GradcheckArgs),
+    /// Runs a PyTorch-trained layer on given inputs and writes its outputs (and gradients).
+    Apply(ApplyArgs),
+    /// Draws attention weights as a PNG heatmap, one panel per head.
+    Heatmap(HeatmapArgs),
+}
+
+impl Default for Command {
+    fn default() -> Self {
+        Self::Walkthrough(WalkthroughArgs { seed: 0 })
+    }
+}
+
+/// `walkthrough` options.
+#[derive(Debug, Args)]
+pub struct WalkthroughArgs {
+    /// Seed of the random input and weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// `gradcheck` options.
+#[derive(Debug, Args)]
+pub struct GradcheckArgs {
+    /// Seed of the random inputs and weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// The attention path of `apply`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PathArg {
+    /// Scores, mask, softmax, weighted sum (writes `attn_weights`).
+    Explicit,
+    /// Burn's fused attention op.
+    Fused,
+    /// The fused op fed one token at a time through a KV cache.
+    Cached,
+}
+
+impl PathArg {
+    /// The layer's path (`cached` decodes on the default path).
+    pub fn attention_path(self) -> AttentionPath {
+        match self {
+            Self::Explicit => AttentionPath::Explicit,
+            Self::Fused | Self::Cached => AttentionPath::Fused,
+        }
+    }
+}
+
+/// `apply` options.
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// PyTorch weights: `.safetensors` or `.pt` state dict, the chapter's or GPT-2's layout.
+    #[arg(long)]
+    pub weights: PathBuf,
+    /// Number of attention heads (a state dict does not record it).
+    #[arg(long)]
+    pub num_heads: usize,
+    /// Safetensors file with tensor `x` `[batch, seq, input_dim]`.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Safetensors file to write: `y`, `attn_weights` (explicit path), and with `--cotangent`
+    /// `grad.x` and `grad.<key>` for every parameter key of the weights.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Safetensors file with tensor `r` shaped like `y`: also write the gradients of
+    /// `sum(y * r)`.
+    #[arg(long)]
+    pub cotangent: Option<PathBuf>,
+    /// Longest sequence; default: the `mask` buffer's size when the weights have one, else seq.
+    #[arg(long)]
+    pub context_length: Option<usize>,
+    /// How the attention core is computed.
+    #[arg(long, value_enum, default_value_t = PathArg::Explicit)]
+    pub path: PathArg,
+}
+
+/// `heatmap` options.
+#[derive(Debug, Args)]
+pub struct HeatmapArgs {
+    /// The PNG to write.
+    #[arg(long, default_value = "attention-heatmap.png")]
+    pub output: PathBuf,
+    /// Seed of the walkthrough's input and weights (without `--weights`).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Draw a given layer instead of the walkthrough's (needs `--input` and `--num-heads`).
+    #[arg(long, requires_all = ["input", "num_heads"])]
+    pub weights: Option<PathBuf>,
+    /// Safetensors file with tensor `x`; the first sequence of the batch is drawn.
+    #[arg(long, requires = "weights")]
+    pub input: Option<PathBuf>,
+    /// Number of heads of `--weights`.
+    #[arg(long, requires = "weights")]
+    pub num_heads: Option<usize>,
+}
