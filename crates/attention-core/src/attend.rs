@@ -92,7 +92,8 @@ pub(crate) fn explicit<B: Backend>(
 ///
 /// # Shapes
 /// - `scaled`: `[batch, heads, queries, keys]`, finite; `mask`: the same, `true` = masked
-fn masked_softmax<B: Backend>(scaled: Tensor<B, 4>, mask: Tensor<B, 4, Bool>) -> Tensor<B, 4> {
+/// - output: `[batch, heads, queries, keys]`
+pub fn masked_softmax<B: Backend>(scaled: Tensor<B, 4>, mask: Tensor<B, 4, Bool>) -> Tensor<B, 4> {
     let x = scaled.clone().detach().mask_fill(mask, f32::NEG_INFINITY);
     // A row of -inf has max -inf; clamping keeps `x - max` at -inf (exp = 0) rather than NaN.
     let max = x.clone().max_dim(3).clamp_min(f32::MIN);

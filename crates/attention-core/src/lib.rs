@@ -34,7 +34,7 @@ pub mod mask;
 mod mha;
 pub mod weights;
 
-pub use attend::AttentionPath;
+pub use attend::{AttentionPath, masked_softmax};
 pub use cache::KvCache;
 pub use error::AttentionError;
 pub use mha::{AttentionInput, AttentionTrace, MultiHeadAttention, MultiHeadAttentionConfig};

@@ -24,7 +24,10 @@ fn config_errors() {
     let err = |c: MultiHeadAttentionConfig| c.try_init::<B>(&device()).unwrap_err();
     assert_eq!(
         err(MultiHeadAttentionConfig::new(4, 6, 5, 4)),
-        AttentionError::HeadsDoNotDivide { output_dim: 6, num_heads: 4 }
+        AttentionError::HeadsDoNotDivide {
+            output_dim: 6,
+            num_heads: 4
+        }
     );
     for (config, name) in [
         (MultiHeadAttentionConfig::new(0, 6, 5, 2), "input_dim"),
@@ -42,7 +45,12 @@ fn config_errors() {
     }
     let nan = err(MultiHeadAttentionConfig::new(4, 6, 5, 2).with_dropout(f64::NAN));
     assert!(matches!(nan, AttentionError::DropoutOutOfRange(p) if p.is_nan()));
-    assert!(MultiHeadAttentionConfig::new(4, 6, 5, 2).with_dropout(0.99).try_init::<B>(&device()).is_ok());
+    assert!(
+        MultiHeadAttentionConfig::new(4, 6, 5, 2)
+            .with_dropout(0.99)
+            .try_init::<B>(&device())
+            .is_ok()
+    );
 }
 
 #[test]
@@ -55,17 +63,37 @@ fn init_panics_with_the_same_message() {
 fn forward_errors() {
     let layer = layer();
     let x = |shape: [usize; 3]| Tensor::<B, 3>::zeros(shape, &device());
-    assert_eq!(layer.try_forward(x([1, 3, 5])).unwrap_err(), AttentionError::InputDim { expected: 4, found: 5 });
+    assert_eq!(
+        layer.try_forward(x([1, 3, 5])).unwrap_err(),
+        AttentionError::InputDim {
+            expected: 4,
+            found: 5
+        }
+    );
     assert_eq!(
         layer.try_forward(x([1, 6, 4])).unwrap_err(),
-        AttentionError::ContextOverflow { seq: 6, context_length: 5 }
+        AttentionError::ContextOverflow {
+            seq: 6,
+            context_length: 5
+        }
     );
-    assert_eq!(layer.try_forward(x([1, 0, 4])).unwrap_err(), AttentionError::EmptySequence);
-    assert_eq!(layer.forward_traced(x([1, 0, 4])).unwrap_err(), AttentionError::EmptySequence);
+    assert_eq!(
+        layer.try_forward(x([1, 0, 4])).unwrap_err(),
+        AttentionError::EmptySequence
+    );
+    assert_eq!(
+        layer.forward_traced(x([1, 0, 4])).unwrap_err(),
+        AttentionError::EmptySequence
+    );
     let padding = Tensor::<B, 2, Bool>::empty([1, 4], &device());
     assert_eq!(
-        layer.forward_with(AttentionInput::new(x([1, 3, 4])).key_padding(padding)).unwrap_err(),
-        AttentionError::PaddingShape { expected: [1, 3], found: [1, 4] }
+        layer
+            .forward_with(AttentionInput::new(x([1, 3, 4])).key_padding(padding))
+            .unwrap_err(),
+        AttentionError::PaddingShape {
+            expected: [1, 3],
+            found: [1, 4]
+        }
     );
     assert!(layer.try_forward(x([2, 5, 4])).is_ok());
 }
@@ -80,15 +108,27 @@ fn forward_panics_with_the_same_message() {
 fn cache_errors_leave_the_cache_as_it_was() {
     let layer = layer();
     let mut cache = layer.new_cache();
-    layer.forward_cached(Tensor::zeros([2, 3, 4], &device()), &mut cache).unwrap();
+    layer
+        .forward_cached(Tensor::zeros([2, 3, 4], &device()), &mut cache)
+        .unwrap();
     assert_eq!(cache.len(), 3);
     assert_eq!(
-        layer.forward_cached(Tensor::zeros([2, 3, 4], &device()), &mut cache).unwrap_err(),
-        AttentionError::ContextOverflow { seq: 6, context_length: 5 }
+        layer
+            .forward_cached(Tensor::zeros([2, 3, 4], &device()), &mut cache)
+            .unwrap_err(),
+        AttentionError::ContextOverflow {
+            seq: 6,
+            context_length: 5
+        }
     );
     assert_eq!(
-        layer.forward_cached(Tensor::zeros([1, 1, 4], &device()), &mut cache).unwrap_err(),
-        AttentionError::CacheBatch { expected: 2, found: 1 }
+        layer
+            .forward_cached(Tensor::zeros([1, 1, 4], &device()), &mut cache)
+            .unwrap_err(),
+        AttentionError::CacheBatch {
+            expected: 2,
+            found: 1
+        }
     );
     let other = MultiHeadAttentionConfig::new(4, 6, 5, 3).init::<B>(&device());
     assert!(matches!(
@@ -96,15 +136,21 @@ fn cache_errors_leave_the_cache_as_it_was() {
         Err(AttentionError::CacheLayout { .. })
     ));
     assert_eq!(cache.len(), 3, "failed steps must not change the cache");
-    layer.forward_cached(Tensor::zeros([2, 2, 4], &device()), &mut cache).unwrap();
+    layer
+        .forward_cached(Tensor::zeros([2, 2, 4], &device()), &mut cache)
+        .unwrap();
     assert_eq!(cache.len(), 5);
     cache.reset();
     assert!(cache.is_empty() && cache.batch_size().is_none());
-    layer.forward_cached(Tensor::zeros([1, 5, 4], &device()), &mut cache).unwrap();
+    layer
+        .forward_cached(Tensor::zeros([1, 5, 4], &device()), &mut cache)
+        .unwrap();
 }
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 /// A copy of the `b2_t5_i8_o8_h2_bias` weights with `edit` applied, as an in-memory state dict.
@@ -126,8 +172,13 @@ fn bias_config() -> MultiHeadAttentionConfig {
 #[test]
 fn weight_errors_name_the_key_and_shapes() {
     let missing = edited(|t| t.retain(|(k, _)| k != "key_layer.weight"));
-    let e = missing.to_layer::<B>(&bias_config(), &device()).unwrap_err();
-    assert!(matches!(&e, WeightsError::MissingKey { key } if key == "key_layer.weight"), "{e}");
+    let e = missing
+        .to_layer::<B>(&bias_config(), &device())
+        .unwrap_err();
+    assert!(
+        matches!(&e, WeightsError::MissingKey { key } if key == "key_layer.weight"),
+        "{e}"
+    );
 
     let misshapen = edited(|t| {
         for (k, v) in t.iter_mut() {
@@ -136,22 +187,48 @@ fn weight_errors_name_the_key_and_shapes() {
             }
         }
     });
-    let e = misshapen.to_layer::<B>(&bias_config(), &device()).unwrap_err();
-    assert_eq!(e.to_string(), "`value_layer.weight` has shape [8, 7], expected [8, 8]");
+    let e = misshapen
+        .to_layer::<B>(&bias_config(), &device())
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "`value_layer.weight` has shape [8, 7], expected [8, 8]"
+    );
 
     // The file has Q/K/V biases, the config says there are none.
-    let e = edited(|_| {}).to_layer::<B>(&bias_config().with_qkv_bias(false), &device()).unwrap_err();
-    assert!(matches!(&e, WeightsError::UnexpectedKey { key, .. } if key == "query_layer.bias"), "{e}");
+    let e = edited(|_| {})
+        .to_layer::<B>(&bias_config().with_qkv_bias(false), &device())
+        .unwrap_err();
+    assert!(
+        matches!(&e, WeightsError::UnexpectedKey { key, .. } if key == "query_layer.bias"),
+        "{e}"
+    );
 
     // Weights of another width than the config.
-    let e = edited(|_| {}).to_layer::<B>(&MultiHeadAttentionConfig::new(8, 6, 8, 2).with_qkv_bias(true), &device()).unwrap_err();
-    assert!(matches!(&e, WeightsError::Shape { key, expected, found } if key == "query_layer.weight" && expected == &[6, 8] && found == &[8, 8]), "{e}");
+    let e = edited(|_| {})
+        .to_layer::<B>(
+            &MultiHeadAttentionConfig::new(8, 6, 8, 2).with_qkv_bias(true),
+            &device(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, WeightsError::Shape { key, expected, found } if key == "query_layer.weight" && expected == &[6, 8] && found == &[8, 8]),
+        "{e}"
+    );
 
     // Heads that do not divide the width.
     let e = edited(|_| {}).infer_config(3, 8).unwrap_err();
-    assert!(matches!(e, WeightsError::Config(AttentionError::HeadsDoNotDivide { .. })), "{e}");
+    assert!(
+        matches!(
+            e,
+            WeightsError::Config(AttentionError::HeadsDoNotDivide { .. })
+        ),
+        "{e}"
+    );
 
-    let e = edited(|t| t.retain(|(k, _)| !k.starts_with("query_layer"))).infer_config(2, 8).unwrap_err();
+    let e = edited(|t| t.retain(|(k, _)| !k.starts_with("query_layer")))
+        .infer_config(2, 8)
+        .unwrap_err();
     assert!(matches!(e, WeightsError::UnknownLayout { .. }), "{e}");
 }
 
@@ -160,16 +237,28 @@ fn file_errors() {
     let dir = std::env::temp_dir().join(format!("attention-core-errors-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let e = StateDict::load(dir.join("absent.safetensors")).unwrap_err();
-    assert!(matches!(e, WeightsError::Read { .. }) && e.to_string().contains("no such file"), "{e}");
+    assert!(
+        matches!(e, WeightsError::Read { .. }) && e.to_string().contains("no such file"),
+        "{e}"
+    );
     let garbage = dir.join("garbage.safetensors");
     std::fs::write(&garbage, b"not a safetensors file").unwrap();
-    assert!(matches!(StateDict::load(&garbage), Err(WeightsError::Read { .. })));
+    assert!(matches!(
+        StateDict::load(&garbage),
+        Err(WeightsError::Read { .. })
+    ));
     let garbage_pt = dir.join("garbage.pt");
     std::fs::write(&garbage_pt, b"not a zip").unwrap();
-    assert!(matches!(StateDict::load(&garbage_pt), Err(WeightsError::Read { .. })));
+    assert!(matches!(
+        StateDict::load(&garbage_pt),
+        Err(WeightsError::Read { .. })
+    ));
     let txt = dir.join("weights.txt");
     std::fs::write(&txt, b"").unwrap();
-    assert!(matches!(StateDict::load(&txt), Err(WeightsError::UnknownFormat { .. })));
+    assert!(matches!(
+        StateDict::load(&txt),
+        Err(WeightsError::UnknownFormat { .. })
+    ));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

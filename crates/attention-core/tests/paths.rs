@@ -7,15 +7,21 @@ mod common;
 use attention_core::mask::causal_mask;
 use attention_core::{AttentionInput, AttentionPath, MultiHeadAttention, MultiHeadAttentionConfig};
 use burn::prelude::*;
+use burn::tensor::Bool;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::Bool;
 use common::{randn, seeded_layer};
 
 const TOL: f64 = 1e-5;
 
-fn on_path<B: Backend>(layer: &MultiHeadAttention<B>, x: Tensor<B, 3>, path: AttentionPath) -> Tensor<B, 3> {
-    layer.forward_with(AttentionInput::new(x).path(path)).unwrap()
+fn on_path<B: Backend>(
+    layer: &MultiHeadAttention<B>,
+    x: Tensor<B, 3>,
+    path: AttentionPath,
+) -> Tensor<B, 3> {
+    layer
+        .forward_with(AttentionInput::new(x).path(path))
+        .unwrap()
 }
 
 fn assert_close<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>, what: &str) {
@@ -24,10 +30,14 @@ fn assert_close<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>, wh
 
 /// Several shapes, with and without QKV bias, input_dim ≠ output_dim included.
 fn fused_equals_explicit<B: Backend>(device: &B::Device) {
-    for (i, &(batch, seq, input, output, heads, bias)) in
-        [(1, 6, 4, 4, 2, false), (2, 17, 32, 32, 4, true), (3, 7, 10, 12, 3, true), (2, 65, 64, 64, 2, false)]
-            .iter()
-            .enumerate()
+    for (i, &(batch, seq, input, output, heads, bias)) in [
+        (1, 6, 4, 4, 2, false),
+        (2, 17, 32, 32, 4, true),
+        (3, 7, 10, 12, 3, true),
+        (2, 65, 64, 64, 2, false),
+    ]
+    .iter()
+    .enumerate()
     {
         let config = MultiHeadAttentionConfig::new(input, output, seq, heads).with_qkv_bias(bias);
         let layer = seeded_layer::<B>(&config, 11 + i as u64, device);
@@ -38,32 +48,60 @@ fn fused_equals_explicit<B: Backend>(device: &B::Device) {
     }
 }
 
-/// A prefill of `p` tokens then steps of one give the full forward's outputs, for p = 0 … t.
+/// A prefill of `p` tokens then steps of one give the full forward's outputs, for p = 0 … t, in
+/// chunks too, with a cache larger than the sequence or exactly its size.
 fn cached_decoding_equals_full_forward<B: Backend>(device: &B::Device) {
-    let (batch, seq) = (2, 9);
-    let config = MultiHeadAttentionConfig::new(8, 12, 12, 3).with_qkv_bias(true);
-    let layer = seeded_layer::<B>(&config, 30, device);
-    let x = randn::<B, 3>([batch, seq, 8], 31, device);
-    let full = layer.forward(x.clone());
-    for prefill in [0, 1, 4, seq] {
+    for (i, &(batch, seq, width, heads, context, bias)) in [
+        (2, 9, 12, 3, 12, true),
+        (2, 5, 8, 2, 8, true),
+        (1, 6, 8, 4, 6, false),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let config = MultiHeadAttentionConfig::new(8, width, context, heads).with_qkv_bias(bias);
+        let layer = seeded_layer::<B>(&config, 30 + i as u64, device);
+        let x = randn::<B, 3>([batch, seq, 8], 31 + i as u64, device);
+        let full = layer.forward(x.clone());
+        for prefill in [0, 1, seq / 2, seq] {
+            let mut cache = layer.new_cache();
+            let mut outputs = Vec::new();
+            if prefill > 0 {
+                outputs.push(
+                    layer
+                        .forward_cached(x.clone().slice([0..batch, 0..prefill]), &mut cache)
+                        .unwrap(),
+                );
+            }
+            for t in prefill..seq {
+                outputs.push(
+                    layer
+                        .forward_cached(x.clone().slice([0..batch, t..t + 1]), &mut cache)
+                        .unwrap(),
+                );
+            }
+            assert_eq!(cache.len(), seq);
+            assert_close(
+                Tensor::cat(outputs, 1),
+                full.clone(),
+                &format!("case {i}: prefill {prefill} then steps"),
+            );
+        }
         let mut cache = layer.new_cache();
-        let mut outputs = Vec::new();
-        if prefill > 0 {
-            outputs.push(layer.forward_cached(x.clone().slice([0..batch, 0..prefill]), &mut cache).unwrap());
-        }
-        for t in prefill..seq {
-            outputs.push(layer.forward_cached(x.clone().slice([0..batch, t..t + 1]), &mut cache).unwrap());
-        }
-        assert_eq!(cache.len(), seq);
-        assert_close(Tensor::cat(outputs, 1), full.clone(), &format!("prefill {prefill} then steps"));
+        let chunks: Vec<_> = [0..2, 2..3, 3..seq]
+            .into_iter()
+            .map(|r| {
+                layer
+                    .forward_cached(x.clone().slice([0..batch, r]), &mut cache)
+                    .unwrap()
+            })
+            .collect();
+        assert_close(
+            Tensor::cat(chunks, 1),
+            full,
+            &format!("case {i}: chunks of 2, 1, rest"),
+        );
     }
-    // Steps of several tokens at a time.
-    let mut cache = layer.new_cache();
-    let chunks: Vec<_> = [0..3, 3..5, 5..9]
-        .into_iter()
-        .map(|r| layer.forward_cached(x.clone().slice([0..batch, r]), &mut cache).unwrap())
-        .collect();
-    assert_close(Tensor::cat(chunks, 1), full, "chunks of 3, 2, 4");
 }
 
 /// Sequence `a` (5 tokens) and `b` (3 tokens) batched with `b` padded on the right or the left:
@@ -77,18 +115,45 @@ fn padded_batch_equals_each_sequence_alone<B: Backend>(device: &B::Device) {
     let alone_a = layer.forward(a.clone());
     let alone_b = layer.forward(b.clone());
     for (name, b_padded, b_mask, real) in [
-        ("right", Tensor::cat(vec![b.clone(), pad.clone()], 1), [false, false, false, true, true], 0..3),
-        ("left", Tensor::cat(vec![pad.clone(), b.clone()], 1), [true, true, false, false, false], 2..5),
+        (
+            "right",
+            Tensor::cat(vec![b.clone(), pad.clone()], 1),
+            [false, false, false, true, true],
+            0..3,
+        ),
+        (
+            "left",
+            Tensor::cat(vec![pad.clone(), b.clone()], 1),
+            [true, true, false, false, false],
+            2..5,
+        ),
     ] {
         let x = Tensor::cat(vec![a.clone(), b_padded], 0);
         let mask = Tensor::<B, 2, Bool>::from_bool(TensorData::from([[false; 5], b_mask]), device);
         for path in [AttentionPath::Explicit, AttentionPath::Fused] {
-            let y = layer.forward_with(AttentionInput::new(x.clone()).key_padding(mask.clone()).path(path)).unwrap();
+            let y = layer
+                .forward_with(
+                    AttentionInput::new(x.clone())
+                        .key_padding(mask.clone())
+                        .path(path),
+                )
+                .unwrap();
             let what = format!("{name} padding, {path:?}");
-            assert_close(y.clone().slice([0..1]), alone_a.clone(), &format!("{what}: unpadded row"));
-            assert_close(y.clone().slice([1..2, real.clone()]), alone_b.clone(), &format!("{what}: padded row"));
+            assert_close(
+                y.clone().slice([0..1]),
+                alone_a.clone(),
+                &format!("{what}: unpadded row"),
+            );
+            assert_close(
+                y.clone().slice([1..2, real.clone()]),
+                alone_b.clone(),
+                &format!("{what}: padded row"),
+            );
             let values = y.into_data().to_vec::<f32>().unwrap();
-            assert!(values.iter().all(|v| v.is_finite()), "{what}: non-finite output");
+            assert!(
+                values.iter().all(|v| v.is_finite()),
+                "{what}: non-finite output"
+            );
         }
     }
 }
@@ -99,9 +164,22 @@ fn fully_masked_rows_are_finite<B: Backend>(device: &B::Device) {
     let layer = seeded_layer::<B>(&config, 50, device);
     let x = randn::<B, 3>([1, 3, 4], 51, device);
     let mask = Tensor::<B, 2, Bool>::from_bool(TensorData::from([[true, true, true]]), device);
-    let bias = layer.output_layer.bias.as_ref().unwrap().val().reshape([1, 1, 4]).expand([1, 3, 4]);
+    let bias = layer
+        .output_layer
+        .bias
+        .as_ref()
+        .unwrap()
+        .val()
+        .reshape([1, 1, 4])
+        .expand([1, 3, 4]);
     for path in [AttentionPath::Explicit, AttentionPath::Fused] {
-        let y = layer.forward_with(AttentionInput::new(x.clone()).key_padding(mask.clone()).path(path)).unwrap();
+        let y = layer
+            .forward_with(
+                AttentionInput::new(x.clone())
+                    .key_padding(mask.clone())
+                    .path(path),
+            )
+            .unwrap();
         assert_close(y, bias.clone(), &format!("{path:?}: all keys masked"));
     }
 }
@@ -113,22 +191,61 @@ fn fused_op_conventions<B: Backend>(device: &B::Device) {
     let q = randn::<B, 4>([1, 2, t_q, hd], 60, device);
     let k = randn::<B, 4>([1, 2, t_k, hd], 61, device);
     let v = randn::<B, 4>([1, 2, t_k, hd], 62, device);
-    let causal = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
-    let plain = AttentionModuleOptions { is_causal: false, ..causal };
-    let bottom_right = causal_mask::<B>(t_q, t_k - t_q, device).reshape([1, 1, t_q, t_k]).expand([1, 2, t_q, t_k]);
+    let causal = AttentionModuleOptions {
+        scale: None,
+        softcap: None,
+        is_causal: true,
+    };
+    let plain = AttentionModuleOptions {
+        is_causal: false,
+        ..causal
+    };
+    let bottom_right = causal_mask::<B>(t_q, t_k - t_q, device)
+        .reshape([1, 1, t_q, t_k])
+        .expand([1, 2, t_q, t_k]);
     let with_flag = attention(q.clone(), k.clone(), v.clone(), None, None, causal);
-    let with_mask = attention(q.clone(), k.clone(), v.clone(), Some(bottom_right.clone()), None, plain);
-    assert_close(with_flag.clone(), with_mask, "is_causal == explicit bottom-right mask");
-    let scores = q.matmul(k.swap_dims(2, 3)).mask_fill(bottom_right, f32::NEG_INFINITY) / (hd as f64).sqrt();
+    let with_mask = attention(
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        Some(bottom_right.clone()),
+        None,
+        plain,
+    );
+    assert_close(
+        with_flag.clone(),
+        with_mask,
+        "is_causal == explicit bottom-right mask",
+    );
+    let scores = q
+        .matmul(k.swap_dims(2, 3))
+        .mask_fill(bottom_right, f32::NEG_INFINITY)
+        / (hd as f64).sqrt();
     let by_hand = burn::tensor::activation::softmax(scores, 3).matmul(v);
-    assert_close(with_flag, by_hand, "is_causal == softmax(masked q kᵀ / √hd) v");
+    assert_close(
+        with_flag,
+        by_hand,
+        "is_causal == softmax(masked q kᵀ / √hd) v",
+    );
 }
 
 /// The bottom-right mask of a cached step: new query i sees every past key and new keys ≤ i.
 fn causal_mask_shape<B: Backend>(device: &B::Device) {
-    let as_numbers = |mask: Tensor<B, 2, Bool>| mask.float().into_data().convert::<f32>().to_vec::<f32>().unwrap();
-    assert_eq!(as_numbers(causal_mask::<B>(2, 3, device)), [0., 0., 0., 0., 1., 0., 0., 0., 0., 0.]);
-    assert_eq!(as_numbers(causal_mask::<B>(3, 0, device)), [0., 1., 1., 0., 0., 1., 0., 0., 0.]);
+    let as_numbers = |mask: Tensor<B, 2, Bool>| {
+        mask.float()
+            .into_data()
+            .convert::<f32>()
+            .to_vec::<f32>()
+            .unwrap()
+    };
+    assert_eq!(
+        as_numbers(causal_mask::<B>(2, 3, device)),
+        [0., 0., 0., 0., 1., 0., 0., 0., 0., 0.]
+    );
+    assert_eq!(
+        as_numbers(causal_mask::<B>(3, 0, device)),
+        [0., 1., 1., 0., 0., 1., 0., 0., 0.]
+    );
 }
 
 attention_backends::backend_tests!(
@@ -138,4 +255,82 @@ attention_backends::backend_tests!(
     fully_masked_rows_are_finite,
     fused_op_conventions,
     causal_mask_shape,
+    fused_op_reads_strided_views,
+    cached_decoding_reproduces_the_fixtures,
 );
+
+/// The fused op reads keys and values that are views into larger storage (what a cache step
+/// passes) as it reads contiguous ones.
+fn fused_op_reads_strided_views<B: Backend>(device: &B::Device) {
+    for (batch, heads, t_q, t_k, capacity) in [
+        (2, 2, 1, 2, 5),
+        (2, 4, 1, 3, 7),
+        (1, 2, 2, 4, 6),
+        (3, 3, 1, 5, 9),
+    ] {
+        let q = randn::<B, 4>([batch, heads, t_q, 4], 70, device);
+        let storage_k = randn::<B, 4>([batch, heads, capacity, 4], 71, device);
+        let storage_v = randn::<B, 4>([batch, heads, capacity, 4], 72, device);
+        let options = AttentionModuleOptions {
+            scale: None,
+            softcap: None,
+            is_causal: true,
+        };
+        let viewed = attention(
+            q.clone(),
+            storage_k.clone().narrow(2, 0, t_k),
+            storage_v.clone().narrow(2, 0, t_k),
+            None,
+            None,
+            options,
+        );
+        let copy =
+            |t: Tensor<B, 4>| Tensor::<B, 4>::from_data(t.narrow(2, 0, t_k).into_data(), device);
+        let contiguous = attention(q, copy(storage_k), copy(storage_v), None, None, options);
+        assert_close(
+            viewed,
+            contiguous,
+            &format!("views b{batch} h{heads} q{t_q} k{t_k} of {capacity}"),
+        );
+    }
+}
+
+/// Token-by-token decoding of every PyTorch fixture (weights loaded from the file) reproduces its
+/// output: the cached path on imported weights, end to end.
+fn cached_decoding_reproduces_the_fixtures<B: Backend>(device: &B::Device) {
+    let mut fixtures = common::book_fixtures();
+    fixtures.push(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/gpt2_causal_s0_b2_t7_d16_h4.safetensors"),
+    );
+    for path in fixtures {
+        let dict = attention_core::weights::StateDict::load(&path).unwrap();
+        let heads = if dict.layout().unwrap() == attention_core::weights::WeightsLayout::Gpt2 {
+            4
+        } else {
+            common::heads_of(&path)
+        };
+        let x = dict.tensor::<B, 3>("x", device).unwrap();
+        let [batch, seq, _] = x.dims();
+        let config = dict
+            .infer_config(heads, dict.mask_context_length().unwrap_or(seq))
+            .unwrap();
+        let layer = dict.to_layer::<B>(&config, device).unwrap();
+        let mut cache = layer.new_cache();
+        let steps: Vec<_> = (0..seq)
+            .map(|t| {
+                layer
+                    .forward_cached(x.clone().slice([0..batch, t..t + 1]), &mut cache)
+                    .unwrap()
+            })
+            .collect();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        attention_backends::compare::assert_close(
+            &Tensor::cat(steps, 1).into_data(),
+            dict.data("y").unwrap(),
+            1e-5,
+            1e-4,
+            &name,
+        );
+    }
+}

@@ -13,10 +13,15 @@ use crate::{DemoBackend, DemoError};
 pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(), DemoError> {
     let device = &backend.device;
     let weights = StateDict::load(&args.weights)?;
-    let layout = weights.layout().map_err(|e| DemoError(format!("{}: {e}", args.weights.display())))?;
+    let layout = weights
+        .layout()
+        .map_err(|e| DemoError(format!("{}: {e}", args.weights.display())))?;
     let x = read_tensor::<B, 3>(&args.input, "x", device)?;
     let [batch, seq, _] = x.dims();
-    let context_length = args.context_length.or(weights.mask_context_length()).unwrap_or(seq);
+    let context_length = args
+        .context_length
+        .or(weights.mask_context_length())
+        .unwrap_or(seq);
     let config = weights
         .infer_config(args.num_heads, context_length)
         .map_err(|e| DemoError(format!("{}: {e}", args.weights.display())))?;
@@ -25,13 +30,17 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
     let mut tensors = Vec::new();
     match &args.cotangent {
         None => {
-            let layer = weights.to_layer::<B>(&config, device).map_err(weights_error)?;
+            let layer = weights
+                .to_layer::<B>(&config, device)
+                .map_err(weights_error)?;
             let (y, attn_weights) = outputs(&layer, x, args.path)?;
             tensors.push(("y".to_string(), y.into_data()));
             tensors.extend(attn_weights.map(|w| ("attn_weights".to_string(), w.into_data())));
         }
         Some(cotangent) => {
-            let layer = weights.to_layer::<Autodiff<B>>(&config, device).map_err(weights_error)?;
+            let layer = weights
+                .to_layer::<Autodiff<B>>(&config, device)
+                .map_err(weights_error)?;
             let r = read_tensor::<Autodiff<B>, 3>(cotangent, "r", device)?;
             let expected = [batch, seq, config.output_dim];
             if r.dims() != expected {
@@ -45,7 +54,8 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
             let (y, attn_weights) = outputs(&layer, x.clone(), args.path)?;
             let grads = (y.clone() * r).sum().backward();
             tensors.push(("y".to_string(), y.inner().into_data()));
-            tensors.extend(attn_weights.map(|w| ("attn_weights".to_string(), w.inner().into_data())));
+            tensors
+                .extend(attn_weights.map(|w| ("attn_weights".to_string(), w.inner().into_data())));
             let grad_x = x.grad(&grads).expect("x takes part in the loss");
             tensors.push(("grad.x".to_string(), grad_x.into_data()));
             for (key, grad) in AttentionParams::grads_of(&layer, &grads).to_state_dict(layout) {
@@ -71,7 +81,10 @@ fn outputs<C: Backend>(
             let trace = layer.forward_traced(x)?;
             (trace.output, Some(trace.weights))
         }
-        PathArg::Fused => (layer.forward_with(AttentionInput::new(x).path(path.attention_path()))?, None),
+        PathArg::Fused => (
+            layer.forward_with(AttentionInput::new(x).path(path.attention_path()))?,
+            None,
+        ),
         PathArg::Cached => {
             let [batch, seq, _] = x.dims();
             let mut cache = layer.new_cache();

@@ -88,44 +88,77 @@ impl Problem {
         let weights = AttentionParams::of(&layer).to_state_dict(WeightsLayout::Chapter);
         let mut rng = StdRng::seed_from_u64(seed);
         let normal = Distribution::Normal(0.0, 1.0);
-        let x = TensorData::random::<f64, _, _>([case.batch, case.seq, case.config.input_dim], normal, &mut rng);
-        let r = TensorData::random::<f64, _, _>([case.batch, case.seq, case.config.output_dim], normal, &mut rng);
+        let x = TensorData::random::<f64, _, _>(
+            [case.batch, case.seq, case.config.input_dim],
+            normal,
+            &mut rng,
+        );
+        let r = TensorData::random::<f64, _, _>(
+            [case.batch, case.seq, case.config.output_dim],
+            normal,
+            &mut rng,
+        );
         Self { weights, x, r }
     }
 
     /// `d sum(y * r) / d x` and `/ d param` on `B`, named `x` and as the state dict names them.
-    fn autodiff_grads<B: Backend>(&self, config: &MultiHeadAttentionConfig, device: &B::Device) -> Vec<(String, TensorData)> {
-        let layer = StateDict::from_tensors(self.weights.clone()).to_layer::<Autodiff<B>>(config, device).expect("weights fit");
+    fn autodiff_grads<B: Backend>(
+        &self,
+        config: &MultiHeadAttentionConfig,
+        device: &B::Device,
+    ) -> Vec<(String, TensorData)> {
+        let layer = StateDict::from_tensors(self.weights.clone())
+            .to_layer::<Autodiff<B>>(config, device)
+            .expect("weights fit");
         let x = Tensor::<Autodiff<B>, 3>::from_data(self.x.clone(), device).require_grad();
         let r = Tensor::<Autodiff<B>, 3>::from_data(self.r.clone(), device);
         let grads = (layer.forward(x.clone()) * r).sum().backward();
-        let mut named = vec![("x".to_string(), x.grad(&grads).expect("x takes part").into_data())];
-        named.extend(AttentionParams::grads_of(&layer, &grads).to_state_dict(WeightsLayout::Chapter));
+        let mut named = vec![(
+            "x".to_string(),
+            x.grad(&grads).expect("x takes part").into_data(),
+        )];
+        named.extend(
+            AttentionParams::grads_of(&layer, &grads).to_state_dict(WeightsLayout::Chapter),
+        );
         named
     }
 
     /// `sum(y * r)` in f64 with `weights` and `x`.
-    fn loss(&self, config: &MultiHeadAttentionConfig, weights: &[(String, TensorData)], x: &TensorData) -> f64 {
+    fn loss(
+        &self,
+        config: &MultiHeadAttentionConfig,
+        weights: &[(String, TensorData)],
+        x: &TensorData,
+    ) -> f64 {
         let device = Default::default();
-        let layer = StateDict::from_tensors(weights.to_vec()).to_layer::<NdArray64>(config, &device).expect("weights fit");
+        let layer = StateDict::from_tensors(weights.to_vec())
+            .to_layer::<NdArray64>(config, &device)
+            .expect("weights fit");
         let x = Tensor::<NdArray64, 3>::from_data(x.clone(), &device);
         let r = Tensor::<NdArray64, 3>::from_data(self.r.clone(), &device);
         (layer.forward(x) * r).sum().into_scalar()
     }
 
     /// Central finite differences of the loss for every element of `x` and every parameter.
-    fn finite_difference_grads(&self, config: &MultiHeadAttentionConfig) -> Vec<(String, TensorData)> {
+    fn finite_difference_grads(
+        &self,
+        config: &MultiHeadAttentionConfig,
+    ) -> Vec<(String, TensorData)> {
         let nudged = |data: &TensorData, index: usize, delta: f64| {
             let mut values = data.clone().into_vec::<f64>().expect("f64");
             values[index] += delta;
             TensorData::new(values, data.shape.clone())
         };
-        let difference = |loss_at: &dyn Fn(f64) -> f64| (loss_at(STEP) - loss_at(-STEP)) / (2.0 * STEP);
+        let difference =
+            |loss_at: &dyn Fn(f64) -> f64| (loss_at(STEP) - loss_at(-STEP)) / (2.0 * STEP);
         let mut named = Vec::new();
         let x_grad: Vec<f64> = (0..self.x.num_elements())
             .map(|i| difference(&|d| self.loss(config, &self.weights, &nudged(&self.x, i, d))))
             .collect();
-        named.push(("x".to_string(), TensorData::new(x_grad, self.x.shape.clone())));
+        named.push((
+            "x".to_string(),
+            TensorData::new(x_grad, self.x.shape.clone()),
+        ));
         for (k, (key, data)) in self.weights.iter().enumerate() {
             let grad: Vec<f64> = (0..data.num_elements())
                 .map(|i| {
@@ -157,7 +190,10 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &GradcheckArgs) -> Result
     );
     let (mut checked, mut worst, mut failures) = (0, 0.0f64, 0);
     for case in cases() {
-        println!("case: {} (batch {}, seq {})", case.name, case.batch, case.seq);
+        println!(
+            "case: {} (batch {}, seq {})",
+            case.name, case.batch, case.seq
+        );
         let problem = Problem::new(&case, args.seed);
         let (actual, expected) = match mode {
             Gradcheck::FiniteDifferences => (
@@ -186,6 +222,8 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &GradcheckArgs) -> Result
         }
     }
     let verdict = if failures == 0 { "PASS" } else { "FAIL" };
-    println!("gradcheck {verdict}: {checked} tensors, {failures} over tolerance, worst max rel {worst:.2e} (tolerance {tolerance:e})");
+    println!(
+        "gradcheck {verdict}: {checked} tensors, {failures} over tolerance, worst max rel {worst:.2e} (tolerance {tolerance:e})"
+    );
     Ok(failures == 0)
 }

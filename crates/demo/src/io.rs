@@ -16,7 +16,8 @@ pub fn read_tensor<B: Backend, const D: usize>(
     device: &B::Device,
 ) -> Result<Tensor<B, D>, DemoError> {
     let dict = StateDict::load(path)?;
-    dict.tensor::<B, D>(key, device).map_err(|error| DemoError(format!("{}: {error}", path.display())))
+    dict.tensor::<B, D>(key, device)
+        .map_err(|error| DemoError(format!("{}: {error}", path.display())))
 }
 
 /// Writes named tensors as f32 safetensors, all or nothing: into a temporary file beside `path`,
@@ -26,7 +27,10 @@ pub fn write_tensors(path: &Path, tensors: Vec<(String, TensorData)>) -> Result<
         .into_iter()
         .map(|(name, data)| {
             let shape = data.shape.to_vec();
-            let values = data.convert::<f32>().into_vec::<f32>().expect("f32 after convert");
+            let values = data
+                .convert::<f32>()
+                .into_vec::<f32>()
+                .expect("f32 after convert");
             let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             (name, shape, bytes)
         })
@@ -38,9 +42,16 @@ pub fn write_tensors(path: &Path, tensors: Vec<(String, TensorData)>) -> Result<
 fn write_encoded(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) -> Result<(), DemoError> {
     let views = tensors
         .iter()
-        .map(|(name, shape, bytes)| Ok((name.clone(), TensorView::new(Dtype::F32, shape.clone(), bytes)?)))
+        .map(|(name, shape, bytes)| {
+            Ok((
+                name.clone(),
+                TensorView::new(Dtype::F32, shape.clone(), bytes)?,
+            ))
+        })
         .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
-    let file_name = path.file_name().ok_or_else(|| DemoError(format!("{}: not a file path", path.display())))?;
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| DemoError(format!("{}: not a file path", path.display())))?;
     let temporary = path.with_file_name(format!(".{}.partial", file_name.to_string_lossy()));
     let written = safetensors::serialize_to_file(views, None, &temporary)
         .map_err(DemoError::from)

@@ -31,7 +31,11 @@ pub fn matrix(labels: &[String], values: &[f32]) -> String {
     for (row, label) in labels.iter().enumerate() {
         out += &pad_left(label, label_width);
         for value in &values[row * n..(row + 1) * n] {
-            let cell = if *value == f32::NEG_INFINITY { "-inf".to_string() } else { format!("{value:.4}") };
+            let cell = if *value == f32::NEG_INFINITY {
+                "-inf".to_string()
+            } else {
+                format!("{value:.4}")
+            };
             let _ = write!(out, "{}", pad_left(&cell, CELL));
         }
         out.push('\n');
@@ -48,7 +52,13 @@ mod tests {
         let labels = vec!["动".to_string(), "手".to_string()];
         let text = matrix(&labels, &[1.0, f32::NEG_INFINITY, 0.25, 0.75]);
         let lines: Vec<_> = text.lines().collect();
-        assert_eq!(lines[1], format!("  动{}{}", pad_left("1.0000", CELL), pad_left("-inf", CELL)));
-        assert!(lines.iter().all(|l| display_width(l) == 4 + 2 * CELL), "{text}");
+        assert_eq!(
+            lines[1],
+            format!("  动{}{}", pad_left("1.0000", CELL), pad_left("-inf", CELL))
+        );
+        assert!(
+            lines.iter().all(|l| display_width(l) == 4 + 2 * CELL),
+            "{text}"
+        );
     }
 }

@@ -1,0 +1,41 @@
+//! `cargo bench -p attention-bench`: every backend × implementation × mode at the tracked shapes,
+//! grouped as `backend/impl/mode/shape`. The large shapes take minutes each on a small CPU:
+//! filter, e.g. `cargo bench -p attention-bench -- 'flex/fused/fwd'`.
+
+use attention_backends::{Flex, NdArray, Wgpu, wgpu_device};
+use attention_bench::{Impl, Mode, STANDARD_SHAPES, Shape, prepare};
+use burn::prelude::*;
+use criterion::{Criterion, criterion_group, criterion_main};
+
+const IMPLS: [Impl; 3] = [Impl::Explicit, Impl::Fused, Impl::BurnNn];
+const MODES: [Mode; 3] = [Mode::Fwd, Mode::Fwdbwd, Mode::Decode];
+
+fn backend<B: Backend>(c: &mut Criterion, name: &str, device: &B::Device) {
+    for implementation in IMPLS {
+        for mode in MODES {
+            let mut group =
+                c.benchmark_group(format!("{name}/{}/{}", implementation.name(), mode.name()));
+            group.sample_size(10);
+            for shape in STANDARD_SHAPES {
+                let shape: Shape = shape.parse().expect("standard shape");
+                // Unsupported combinations (burn-nn has no cached decode) are left out.
+                if let Ok(mut case) = prepare::<B>(implementation, mode, shape, device) {
+                    group.bench_function(shape.to_string(), |b| b.iter(|| case.iteration()));
+                }
+            }
+            group.finish();
+        }
+    }
+}
+
+fn all_backends(c: &mut Criterion) {
+    backend::<NdArray>(c, "ndarray", &Default::default());
+    backend::<Flex>(c, "flex", &Default::default());
+    match wgpu_device() {
+        Ok(device) => backend::<Wgpu>(c, "wgpu", &device),
+        Err(no_adapter) => eprintln!("wgpu skipped: {no_adapter}"),
+    }
+}
+
+criterion_group!(benches, all_backends);
+criterion_main!(benches);

@@ -1,0 +1,283 @@
+//! Benchmark bodies shared by the criterion harness (`cargo bench -p attention-bench`) and the
+//! JSON runner (`cargo run --release -p attention-bench -- …`): one causal self-attention layer,
+//! `input_dim = output_dim = D`, no QKV bias, timed with the device synced inside the timed
+//! region.
+#![warn(missing_docs)]
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use attention_core::{
+    AttentionInput, AttentionPath, KvCache, MultiHeadAttention, MultiHeadAttentionConfig,
+};
+use burn::backend::Autodiff;
+use burn::nn::attention::{
+    MhaInput, MultiHeadAttentionConfig as BurnMhaConfig, generate_autoregressive_mask,
+};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+
+/// `BxTxDxH`: batch, sequence, width, heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Batch size.
+    pub batch: usize,
+    /// Sequence length (for `decode`: the cache holds `seq - 1`, one token is decoded).
+    pub seq: usize,
+    /// `input_dim = output_dim`.
+    pub dim: usize,
+    /// Heads.
+    pub heads: usize,
+}
+
+impl FromStr for Shape {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let parts: Vec<usize> = text
+            .split('x')
+            .map(|p| {
+                p.parse()
+                    .map_err(|_| format!("shape `{text}`: expected BxTxDxH, e.g. 1x1024x768x12"))
+            })
+            .collect::<Result<_, _>>()?;
+        match parts[..] {
+            [batch, seq, dim, heads] if parts.iter().all(|&p| p > 0) && dim % heads == 0 => {
+                Ok(Self {
+                    batch,
+                    seq,
+                    dim,
+                    heads,
+                })
+            }
+            [_, _, dim, heads] if heads > 0 && dim % heads != 0 => {
+                Err(format!("shape `{text}`: {heads} heads do not divide {dim}"))
+            }
+            _ => Err(format!(
+                "shape `{text}`: expected four positive sizes BxTxDxH"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}x{}x{}x{}", self.batch, self.seq, self.dim, self.heads)
+    }
+}
+
+/// The shapes the issue tracks: the chapter's, then GPT-2-small widths.
+pub const STANDARD_SHAPES: [&str; 5] = [
+    "1x6x4x2",
+    "8x128x256x4",
+    "4x512x768x12",
+    "1x1024x768x12",
+    "1x2048x768x12",
+];
+
+/// Which attention implementation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Impl {
+    /// Ours, explicit path (scores, mask, softmax, weighted sum).
+    Explicit,
+    /// Ours, Burn's fused attention op.
+    Fused,
+    /// `burn::nn::attention::MultiHeadAttention` with its autoregressive mask.
+    BurnNn,
+}
+
+/// What is timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Inference forward.
+    Fwd,
+    /// Forward and backward of `sum(y)` through autodiff.
+    Fwdbwd,
+    /// One new token with a KV cache holding `seq - 1` tokens.
+    Decode,
+}
+
+impl Impl {
+    /// The name used in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Explicit => "explicit",
+            Self::Fused => "fused",
+            Self::BurnNn => "burn-nn",
+        }
+    }
+}
+
+impl Mode {
+    /// The name used in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fwd => "fwd",
+            Self::Fwdbwd => "fwdbwd",
+            Self::Decode => "decode",
+        }
+    }
+
+    /// Nominal FLOPs, as `shared/peers/torch_mha.py` counts them (causal masking not
+    /// subtracted; backward = 2 × forward); `decode` counts one token against `seq` keys.
+    pub fn flops(self, s: Shape) -> f64 {
+        let (b, t, d) = (s.batch as f64, s.seq as f64, s.dim as f64);
+        match self {
+            Self::Fwd => 8.0 * b * t * d * d + 4.0 * b * t * t * d,
+            Self::Fwdbwd => 3.0 * (8.0 * b * t * d * d + 4.0 * b * t * t * d),
+            Self::Decode => 8.0 * b * d * d + 4.0 * b * t * d,
+        }
+    }
+}
+
+/// One prepared benchmark: call [`Case::iteration`] to run (and sync) once.
+pub struct Case {
+    run: Box<dyn FnMut()>,
+}
+
+impl Case {
+    /// Runs one iteration, device synced before it returns.
+    pub fn iteration(&mut self) {
+        (self.run)()
+    }
+
+    /// Runs `warmup` iterations, then times `repeats`.
+    pub fn time(&mut self, warmup: usize, repeats: usize) -> Vec<Duration> {
+        for _ in 0..warmup {
+            self.iteration();
+        }
+        (0..repeats)
+            .map(|_| {
+                let start = Instant::now();
+                self.iteration();
+                start.elapsed()
+            })
+            .collect()
+    }
+}
+
+/// Why a combination cannot run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unsupported(pub String);
+
+impl fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn sync<B: Backend>(device: &B::Device) {
+    B::sync(device).expect("device sync");
+}
+
+fn our_layer<B: Backend>(shape: Shape, device: &B::Device) -> MultiHeadAttention<B> {
+    B::seed(device, 0);
+    MultiHeadAttentionConfig::new(shape.dim, shape.dim, shape.seq, shape.heads).init(device)
+}
+
+fn input<B: Backend>(shape: Shape, seq: usize, device: &B::Device) -> Tensor<B, 3> {
+    Tensor::random(
+        [shape.batch, seq, shape.dim],
+        Distribution::Normal(0.0, 1.0),
+        device,
+    )
+}
+
+/// A forward closure over `x` for one implementation, on any backend (autodiff or not).
+fn forward_fn<B: Backend>(
+    implementation: Impl,
+    shape: Shape,
+    device: &B::Device,
+) -> Box<dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>> {
+    match implementation {
+        Impl::Explicit | Impl::Fused => {
+            let layer = our_layer::<B>(shape, device);
+            let path = if implementation == Impl::Fused {
+                AttentionPath::Fused
+            } else {
+                AttentionPath::Explicit
+            };
+            Box::new(move |x| {
+                layer
+                    .forward_with(AttentionInput::new(x).path(path))
+                    .expect("valid shape")
+            })
+        }
+        Impl::BurnNn => {
+            B::seed(device, 0);
+            let layer = BurnMhaConfig::new(shape.dim, shape.heads)
+                .with_dropout(0.0)
+                .init::<B>(device);
+            let mask = generate_autoregressive_mask::<B>(shape.batch, shape.seq, device);
+            Box::new(move |x| {
+                layer
+                    .forward(MhaInput::self_attn(x).mask_attn(mask.clone()))
+                    .context
+            })
+        }
+    }
+}
+
+/// Prepares `implementation` in `mode` at `shape` on backend `B`.
+pub fn prepare<B: Backend>(
+    implementation: Impl,
+    mode: Mode,
+    shape: Shape,
+    device: &B::Device,
+) -> Result<Case, Unsupported> {
+    let device = device.clone();
+    match mode {
+        Mode::Fwd => {
+            let forward = forward_fn::<B>(implementation, shape, &device);
+            let x = input::<B>(shape, shape.seq, &device);
+            Ok(Case {
+                run: Box::new(move || {
+                    let y = forward(x.clone());
+                    drop(y);
+                    sync::<B>(&device);
+                }),
+            })
+        }
+        Mode::Fwdbwd => {
+            let forward = forward_fn::<Autodiff<B>>(implementation, shape, &device);
+            let x = input::<Autodiff<B>>(shape, shape.seq, &device).require_grad();
+            Ok(Case {
+                run: Box::new(move || {
+                    let grads = forward(x.clone()).sum().backward();
+                    drop(grads);
+                    sync::<B>(&device);
+                }),
+            })
+        }
+        Mode::Decode => {
+            if implementation != Impl::Fused && implementation != Impl::Explicit {
+                return Err(Unsupported(format!(
+                    "{} has no KV-cache decode here (Burn's MhaCache recomputes every query each step)",
+                    implementation.name()
+                )));
+            }
+            if shape.seq < 2 {
+                return Err(Unsupported(format!(
+                    "decode needs seq ≥ 2 (a cache of seq - 1), got {shape}"
+                )));
+            }
+            let layer = our_layer::<B>(shape, &device);
+            let mut cache: KvCache<B> = layer.new_cache();
+            layer
+                .forward_cached(input::<B>(shape, shape.seq - 1, &device), &mut cache)
+                .expect("prefill fits");
+            let token = input::<B>(shape, 1, &device);
+            Ok(Case {
+                run: Box::new(move || {
+                    let y = layer
+                        .forward_cached(token.clone(), &mut cache)
+                        .expect("room for one");
+                    drop(y);
+                    sync::<B>(&device);
+                    cache.truncate(shape.seq - 1);
+                }),
+            })
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! The demos' command-line tests, shared by `demo-ndarray` and `demo-wgpu`: each includes this
+//! file and instantiates [`cli_tests!`] with its binary. They run the real binary and read the
+//! files it writes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use attention_backends::compare::assert_close;
+use attention_core::weights::StateDict;
+
+/// The PyTorch fixtures (kept once, in attention-core).
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../crates/attention-core/tests/fixtures")
+        .join(name)
+}
+
+/// A fresh, empty directory for one test's files.
+pub fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "{}-{test}-{}",
+        env!("CARGO_PKG_NAME"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+pub fn run(binary: &str, args: &[&str]) -> Output {
+    Command::new(binary)
+        .args(args)
+        .output()
+        .expect("the demo binary runs")
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Lines of stderr that are the program's (not a driver's diagnostics).
+pub fn stderr_lines(output: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .filter(|line| !line.contains("XDG_RUNTIME_DIR"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Asserts success and returns stdout.
+pub fn success(binary: &str, args: &[&str]) -> String {
+    let output = run(binary, args);
+    assert!(
+        output.status.success(),
+        "{args:?} failed: {:?}\n{}",
+        output.status,
+        stderr_lines(&output).join("\n")
+    );
+    stdout(&output)
+}
+
+/// Asserts exit code 2 with one `error:` line naming `needle`, and that `output_file` was not
+/// written.
+pub fn user_error(binary: &str, args: &[&str], needle: &str, output_file: &Path) {
+    let output = run(binary, args);
+    let lines = stderr_lines(&output);
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {lines:?}");
+    assert_eq!(
+        lines.len(),
+        1,
+        "{args:?}: one line on stderr, got {lines:?}"
+    );
+    assert!(
+        lines[0].starts_with("error: ") && lines[0].contains(needle),
+        "{args:?}: {:?} should name {needle:?}",
+        lines[0]
+    );
+    assert!(!output_file.exists(), "{args:?}: no output file on error");
+    let partial = output_file.with_file_name(format!(
+        ".{}.partial",
+        output_file.file_name().unwrap().to_string_lossy()
+    ));
+    assert!(!partial.exists(), "{args:?}: no partial file left behind");
+}
+
+/// Every tensor of `expected_keys` in `written` matches the fixture (atol 1e-5, rtol 1e-4).
+pub fn assert_matches_fixture(written: &Path, fixture_file: &Path, expected_keys: &[&str]) {
+    let written = StateDict::load(written).unwrap();
+    let reference = StateDict::load(fixture_file).unwrap();
+    let keys: Vec<&str> = written.keys().collect();
+    assert_eq!(keys.len(), expected_keys.len(), "written keys {keys:?}");
+    for key in expected_keys {
+        let actual = written
+            .data(key)
+            .unwrap_or_else(|| panic!("{key} not written"));
+        assert_close(actual, reference.data(key).unwrap(), 1e-5, 1e-4, key);
+    }
+}
+
+/// The gradient keys of a fixture: `grad.x` and one per parameter.
+pub fn grad_keys(fixture_file: &Path) -> Vec<String> {
+    StateDict::load(fixture_file)
+        .unwrap()
+        .keys()
+        .filter(|k| k.starts_with("grad."))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Instantiates the command-line tests for one demo binary. `$ready` is evaluated first (with the
+/// test's name in scope as `test`) and skips the test when false.
+#[macro_export]
+macro_rules! cli_tests {
+    ($binary:expr, |$test:ident| $ready:expr) => {
+        use cli_cases::*;
+
+        const BIN: &str = $binary;
+
+        fn ready($test: &str) -> bool {
+            $ready
+        }
+
+        #[test]
+        fn walkthrough_prints_the_chapters_steps() {
+            if !ready("walkthrough_prints_the_chapters_steps") {
+                return;
+            }
+            let out = success(BIN, &[]);
+            for needle in [
+                "input x: shape [1, 6, 4]",
+                "1. attention scores",
+                "2. masked scores",
+                "3. attention weights",
+                "output: shape [1, 6, 4]",
+                "动       手       学       大       模       型",
+                "head 1:",
+            ] {
+                assert!(out.contains(needle), "walkthrough lacks {needle:?}:\n{out}");
+            }
+            let masked = out
+                .split("2. masked scores")
+                .nth(1)
+                .unwrap()
+                .split("3. attention")
+                .next()
+                .unwrap();
+            let table_cells = masked
+                .lines()
+                .filter(|l| l.starts_with("  "))
+                .map(|l| l.matches("-inf").count())
+                .sum::<usize>();
+            assert_eq!(table_cells, 2 * 15, "15 masked entries per head:\n{masked}");
+            assert_eq!(
+                success(BIN, &["walkthrough", "--seed", "7"]),
+                success(BIN, &["walkthrough", "--seed", "7"]),
+                "--seed is reproducible"
+            );
+            assert_ne!(
+                success(BIN, &["walkthrough", "--seed", "7"]),
+                out,
+                "another seed, other numbers"
+            );
+        }
+
+        #[test]
+        fn gradcheck_passes() {
+            if !ready("gradcheck_passes") {
+                return;
+            }
+            let out = success(BIN, &["gradcheck"]);
+            assert!(
+                out.lines()
+                    .last()
+                    .unwrap()
+                    .starts_with("gradcheck PASS: 15 tensors"),
+                "{out}"
+            );
+            assert_eq!(out.matches(" ok\n").count(), 15, "{out}");
+        }
+
+        #[test]
+        fn apply_gpt2_matches_pytorch_with_gradients() {
+            if !ready("apply_gpt2_matches_pytorch_with_gradients") {
+                return;
+            }
+            let dir = scratch("apply-gpt2");
+            // The causal reference (see fixtures/make_gpt2_causal.py): Hugging Face's standalone
+            // GPT2Attention, which made the shared file, applies no causal mask.
+            let data = fixture("gpt2_causal_s0_b2_t7_d16_h4.safetensors");
+            for weights in [
+                "gpt2_s0_b2_t7_d16_h4.safetensors",
+                "gpt2_s0_b2_t7_d16_h4.pt",
+            ] {
+                let out = dir.join(format!("{weights}.out.safetensors"));
+                success(
+                    BIN,
+                    &[
+                        "apply",
+                        "--weights",
+                        fixture(weights).to_str().unwrap(),
+                        "--num-heads",
+                        "4",
+                        "--input",
+                        data.to_str().unwrap(),
+                        "--cotangent",
+                        data.to_str().unwrap(),
+                        "--output",
+                        out.to_str().unwrap(),
+                    ],
+                );
+                let mut keys = vec!["y".to_string(), "attn_weights".to_string()];
+                keys.extend(grad_keys(&data));
+                assert!(keys.contains(&"grad.c_attn.weight".to_string()), "{keys:?}");
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                assert_matches_fixture(&out, &data, &keys);
+            }
+        }
+
+        #[test]
+        fn apply_paths_agree_on_every_fixture() {
+            if !ready("apply_paths_agree_on_every_fixture") {
+                return;
+            }
+            let dir = scratch("apply-paths");
+            let cases = [
+                ("book_s0_b1_t6_i4_o4_h2_nobias.safetensors", "2"),
+                ("book_s0_b2_t5_i8_o8_h2_bias.safetensors", "2"),
+                ("book_s1_b3_t7_i10_o12_h3_nobias.safetensors", "3"),
+                ("book_s1_b1_t1_i4_o4_h1_bias.safetensors", "1"),
+                ("gpt2_causal_s0_b2_t7_d16_h4.safetensors", "4"),
+            ];
+            for (name, heads) in cases {
+                let file = fixture(name);
+                let file = file.to_str().unwrap();
+                for path in ["explicit", "fused", "cached"] {
+                    let out = dir.join(format!("{name}.{path}.safetensors"));
+                    success(
+                        BIN,
+                        &[
+                            "apply",
+                            "--weights",
+                            file,
+                            "--num-heads",
+                            heads,
+                            "--input",
+                            file,
+                            "--output",
+                            out.to_str().unwrap(),
+                            "--path",
+                            path,
+                        ],
+                    );
+                    let keys: &[&str] = if path == "explicit" {
+                        &["y", "attn_weights"]
+                    } else {
+                        &["y"]
+                    };
+                    assert_matches_fixture(&out, std::path::Path::new(file), keys);
+                }
+            }
+        }
+
+        #[test]
+        fn apply_errors_are_one_line_and_write_nothing() {
+            if !ready("apply_errors_are_one_line_and_write_nothing") {
+                return;
+            }
+            let dir = scratch("apply-errors");
+            let out = dir.join("out.safetensors");
+            let (out_s, gpt2, book) = (
+                out.to_str().unwrap(),
+                fixture("gpt2_s0_b2_t7_d16_h4.safetensors"),
+                fixture("book_s0_b2_t5_i8_o8_h2_bias.safetensors"),
+            );
+            let (gpt2, book) = (gpt2.to_str().unwrap(), book.to_str().unwrap());
+            let missing = dir.join("missing.safetensors");
+            let apply = |extra: &[&str], needle: &str| {
+                let mut args = vec!["apply", "--output", out_s];
+                args.extend_from_slice(extra);
+                user_error(BIN, &args, needle, &out);
+            };
+            apply(
+                &[
+                    "--weights",
+                    missing.to_str().unwrap(),
+                    "--num-heads",
+                    "4",
+                    "--input",
+                    gpt2,
+                ],
+                "no such file",
+            );
+            apply(
+                &[
+                    "--weights",
+                    gpt2,
+                    "--num-heads",
+                    "4",
+                    "--input",
+                    missing.to_str().unwrap(),
+                ],
+                "no such file",
+            );
+            let pt = fixture("gpt2_s0_b2_t7_d16_h4.pt");
+            apply(
+                &[
+                    "--weights",
+                    gpt2,
+                    "--num-heads",
+                    "4",
+                    "--input",
+                    pt.to_str().unwrap(),
+                ],
+                "missing key `x`",
+            );
+            apply(
+                &["--weights", gpt2, "--num-heads", "3", "--input", gpt2],
+                "divisible by `num_heads` (3)",
+            );
+            apply(
+                &[
+                    "--weights",
+                    gpt2,
+                    "--num-heads",
+                    "4",
+                    "--input",
+                    gpt2,
+                    "--context-length",
+                    "3",
+                ],
+                "sequence of 7 tokens exceeds context_length = 3",
+            );
+            apply(
+                &["--weights", gpt2, "--num-heads", "4", "--input", book],
+                "input has 8 features",
+            );
+            apply(
+                &[
+                    "--weights",
+                    gpt2,
+                    "--num-heads",
+                    "4",
+                    "--input",
+                    gpt2,
+                    "--cotangent",
+                    book,
+                ],
+                "`r` has shape [2, 5, 8], expected the shape of y [2, 7, 16]",
+            );
+            let bad_weights = dir.join("bad.safetensors");
+            std::fs::write(
+                &bad_weights,
+                b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":1}        ",
+            )
+            .unwrap();
+            apply(
+                &[
+                    "--weights",
+                    bad_weights.to_str().unwrap(),
+                    "--num-heads",
+                    "4",
+                    "--input",
+                    gpt2,
+                ],
+                "cannot read",
+            );
+        }
+
+        #[test]
+        fn heatmap_writes_a_png() {
+            if !ready("heatmap_writes_a_png") {
+                return;
+            }
+            let dir = scratch("heatmap");
+            let walkthrough = dir.join("walkthrough.png");
+            success(BIN, &["heatmap", "--output", walkthrough.to_str().unwrap()]);
+            let gpt2 = fixture("gpt2_s0_b2_t7_d16_h4.safetensors");
+            let given = dir.join("given.png");
+            success(
+                BIN,
+                &[
+                    "heatmap",
+                    "--weights",
+                    gpt2.to_str().unwrap(),
+                    "--input",
+                    gpt2.to_str().unwrap(),
+                    "--num-heads",
+                    "4",
+                    "--output",
+                    given.to_str().unwrap(),
+                ],
+            );
+            for (png, width) in [(walkthrough, 2 * 440 + 110), (given, 4 * 440 + 110)] {
+                let bytes = std::fs::read(&png).unwrap();
+                assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{png:?} is a PNG");
+                let png_width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+                assert_eq!(png_width, width, "{png:?}: one panel per head and a scale");
+            }
+        }
+    };
+}

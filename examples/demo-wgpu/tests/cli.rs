@@ -1,0 +1,28 @@
+//! The wgpu demo's command line, run as a user runs it; skipped (saying why) without an adapter
+//! unless `REQUIRE_WGPU` is set.
+
+#[path = "../../../crates/demo/testing/cli_cases.rs"]
+mod cli_cases;
+
+cli_tests!(env!("CARGO_BIN_EXE_demo-wgpu"), |test| {
+    attention_backends::wgpu_device_for_test(test).is_some()
+});
+
+/// Without a Vulkan driver the demo says what is missing in one line and exits 2, no panic.
+#[test]
+fn no_adapter_is_one_clear_line() {
+    let output = std::process::Command::new(BIN)
+        .env("VK_ICD_FILENAMES", "/nonexistent.json")
+        .env("VK_DRIVER_FILES", "/nonexistent.json")
+        .env("WGPU_BACKEND", "vulkan")
+        .output()
+        .unwrap();
+    let lines = stderr_lines(&output);
+    assert_eq!(output.status.code(), Some(2), "{lines:?}");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("error: no wgpu adapter found")
+            && lines[0].contains("mesa-vulkan-drivers"),
+        "{lines:?}"
+    );
+}
