@@ -117,11 +117,6 @@ impl<B: Backend> KvCache<B> {
             (Tensor::zeros(shape, &device), Tensor::zeros(shape, &device))
         });
         let (start, end) = (self.len, self.len + new);
-        // Work queued earlier (last step's attention over a view of this storage) must finish
-        // before the storage is written in place: Burn 0.21's lazy wgpu (fusion) backend does not
-        // order the in-place write after it, and decoding then reads keys of the wrong step. A
-        // no-op on the eager CPU backends.
-        let _ = B::sync(&keys.device());
         // The storage is uniquely owned here, so backends write the slice in place.
         let all_keys = all_keys.slice_assign([0..batch, 0..heads, start..end, 0..head_dim], keys);
         let all_values =

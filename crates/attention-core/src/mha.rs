@@ -338,7 +338,13 @@ impl<B: Backend> MultiHeadAttention<B> {
             }
             _ => attend::fused(q, keys, values, None),
         };
-        Ok(self.merge_and_project(context))
+        let output = self.merge_and_project(context);
+        // Burn 0.21's lazy wgpu (fusion) backend lets work of the next step overtake this step's
+        // reads of the cache storage, which the next step writes in place: decoding then reads
+        // wrong keys (tested by `cached_decoding_reproduces_the_fixtures`). Running this step's
+        // queue first costs one sync per step there; it is a no-op on the eager CPU backends.
+        B::sync(&output.device()).expect("the device runs");
+        Ok(output)
     }
 
     /// Checks `x` against the layer: its width, a non-empty sequence, and room in the context
