@@ -50,9 +50,10 @@ pub fn heatmap(
         let mut chart = ChartBuilder::on(panel)
             .caption(format!("head {head}"), (FONT_NAME, 20))
             .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(40)
-            .build_cartesian_2d((0..seq).into_segmented(), (0..seq).into_segmented())?;
+            .x_label_area_size(48)
+            .y_label_area_size(48)
+            // `(0..n).into_segmented()` has n + 1 segments.
+            .build_cartesian_2d((0..seq - 1).into_segmented(), (0..seq - 1).into_segmented())?;
         let key_label = |v: &SegmentValue<usize>| match v {
             SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
             _ => String::new(),
