@@ -1,5 +1,5 @@
 //! Draws time against sequence length from JSON lines written by the runner and by
-//! `shared/peers/torch_mha.py` (records whose shape is `1xTxDxH`, one PNG per mode).
+//! `shared/peers/torch_mha.py` (records whose shape is `1xTx768x12`, one PNG per mode).
 //!
 //! ```text
 //! cargo run --release -p attention-bench --bin bench-plot -- results.jsonl benches/attention-bench/plots
