@@ -45,7 +45,7 @@ impl MultiHeadAttentionConfig {
                 return Err(AttentionError::ZeroSize { name });
             }
         }
-        if self.output_dim % self.num_heads != 0 {
+        if !self.output_dim.is_multiple_of(self.num_heads) {
             return Err(AttentionError::HeadsDoNotDivide {
                 output_dim: self.output_dim,
                 num_heads: self.num_heads,

@@ -125,11 +125,11 @@ impl StateDict {
         let snapshots = match extension {
             "safetensors" => SafetensorsStore::from_file(&path)
                 .get_all_snapshots()
-                .map(Clone::clone)
+                .cloned()
                 .map_err(|e| read_error(e.to_string()))?,
             "pt" | "pth" | "bin" => PytorchStore::from_file(&path)
                 .get_all_snapshots()
-                .map(Clone::clone)
+                .cloned()
                 .map_err(|e| read_error(e.to_string()))?,
             _ => return Err(WeightsError::UnknownFormat { path }),
         };

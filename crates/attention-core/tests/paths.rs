@@ -140,7 +140,7 @@ fn padded_batch_equals_each_sequence_alone<B: Backend>(device: &B::Device) {
                 .unwrap();
             let what = format!("{name} padding, {path:?}");
             assert_close(
-                y.clone().slice([0..1]),
+                y.clone().narrow(0, 0, 1),
                 alone_a.clone(),
                 &format!("{what}: unpadded row"),
             );

@@ -19,7 +19,7 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &HeatmapArgs) -> Result<(
             let context = dict.mask_context_length().unwrap_or(seq);
             let config = dict.infer_config(num_heads, context)?;
             let layer = dict.to_layer::<B>(&config, device)?;
-            let trace = layer.forward_traced(x.slice([0..1.min(batch)]))?;
+            let trace = layer.forward_traced(x.narrow(0, 0, 1.min(batch)))?;
             let labels: Vec<String> = (0..seq).map(|i| i.to_string()).collect();
             (trace.weights, labels, format!("{}", weights_path.display()))
         }

@@ -64,7 +64,7 @@ fn print_heads<B: Backend>(title: &str, tensor: &Tensor<B, 4>, labels: &[String]
     let [_, heads, seq, _] = tensor.dims();
     let values = tensor
         .clone()
-        .slice([0..1])
+        .narrow(0, 0, 1)
         .into_data()
         .convert::<f32>()
         .into_vec::<f32>()
