@@ -219,6 +219,25 @@ fn forward_fn<B: Backend>(
     }
 }
 
+/// Whether `implementation` can run `mode` at `shape`, without preparing anything.
+pub fn supports(implementation: Impl, mode: Mode, shape: Shape) -> Result<(), Unsupported> {
+    if mode != Mode::Decode {
+        return Ok(());
+    }
+    if implementation == Impl::BurnNn {
+        return Err(Unsupported(format!(
+            "{} has no KV-cache decode here (Burn's MhaCache recomputes every query each step)",
+            implementation.name()
+        )));
+    }
+    if shape.seq < 2 {
+        return Err(Unsupported(format!(
+            "decode needs seq ≥ 2 (a cache of seq - 1), got {shape}"
+        )));
+    }
+    Ok(())
+}
+
 /// Prepares `implementation` in `mode` at `shape` on backend `B`.
 pub fn prepare<B: Backend>(
     implementation: Impl,
@@ -226,6 +245,7 @@ pub fn prepare<B: Backend>(
     shape: Shape,
     device: &B::Device,
 ) -> Result<Case, Unsupported> {
+    supports(implementation, mode, shape)?;
     let device = device.clone();
     match mode {
         Mode::Fwd => {
@@ -251,17 +271,6 @@ pub fn prepare<B: Backend>(
             })
         }
         Mode::Decode => {
-            if implementation != Impl::Fused && implementation != Impl::Explicit {
-                return Err(Unsupported(format!(
-                    "{} has no KV-cache decode here (Burn's MhaCache recomputes every query each step)",
-                    implementation.name()
-                )));
-            }
-            if shape.seq < 2 {
-                return Err(Unsupported(format!(
-                    "decode needs seq ≥ 2 (a cache of seq - 1), got {shape}"
-                )));
-            }
             let layer = our_layer::<B>(shape, &device);
             let mut cache: KvCache<B> = layer.new_cache();
             layer
