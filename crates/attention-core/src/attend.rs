@@ -12,18 +12,20 @@ use crate::mask::attention_mask;
 /// they differ in speed, memory and what they can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionPath {
-    /// `Fused` for inference, `Explicit` on an autodiff backend (with or without dropout).
-    ///
-    /// On an autodiff backend Burn 0.21 differentiates the fused op through the same composite
-    /// ops as the explicit path (no memory saved), and its division's gradient is computed with
-    /// an approximate reciprocal on ndarray; the explicit path's softmax avoids that.
+    /// `Fused` for inference. Under autodiff: `Explicit` while dropout is active (only it applies
+    /// dropout); otherwise `Fused` on ndarray and burn-flex, whose CPU kernel has an exact
+    /// backward pass of its own, and `Explicit` elsewhere (Burn 0.21 differentiates its fused op
+    /// through the same `O(T²)` composite, with an approximate division gradient on some
+    /// backends).
     #[default]
     Auto,
     /// Scores, mask, softmax, dropout and the weighted sum as separate tensor ops, as the source
     /// chapter writes them. Materializes `[batch, heads, seq, seq]`; the only path with dropout.
     Explicit,
-    /// Burn's fused [`attention`] op with `is_causal`: flash attention on wgpu, a tiled kernel on
-    /// burn-flex, a NaN-safe fallback elsewhere. Never applies dropout.
+    /// One attention op that never materializes `[seq, seq]` and never applies dropout. On
+    /// ndarray and burn-flex (with or without `Autodiff`): this crate's CPU kernel — blockwise,
+    /// skipping the masked half, FlashAttention's backward. Elsewhere: Burn's fused [`attention`]
+    /// op with `is_causal` (a flash-attention kernel on wgpu). The cached path uses Burn's op.
     Fused,
 }
 

@@ -23,6 +23,8 @@
 //! - [`MultiHeadAttentionConfig`] / [`MultiHeadAttention`]: the layer (`mha.rs`).
 //! - [`AttentionPath`]: the explicit and the fused attention core (`attend.rs`).
 //! - [`mask`]: causal and key-padding masks.
+//! - `flash/`: the CPU kernel behind the fused path on ndarray and burn-flex, with its own
+//!   backward pass.
 //! - [`KvCache`]: incremental decoding (`cache.rs`).
 //! - [`weights`]: PyTorch state dicts in and out (the chapter's and GPT-2's layouts).
 #![warn(missing_docs)]
@@ -30,6 +32,7 @@
 mod attend;
 mod cache;
 mod error;
+mod flash;
 pub mod mask;
 mod mha;
 pub mod weights;

@@ -7,6 +7,7 @@ use burn::tensor::Bool;
 use crate::attend::{self, AttentionPath, AttentionScores};
 use crate::cache::KvCache;
 use crate::error::AttentionError;
+use crate::flash::{self, FlashInputs};
 
 /// Configuration of a causal [`MultiHeadAttention`] layer, with the parameter names of the source
 /// chapter's `MultiHeadAttention(input_dim, output_dim, context_length, dropout, num_heads,
@@ -269,8 +270,20 @@ impl<B: Backend> MultiHeadAttention<B> {
                 });
             }
         }
-        let [q, k, v] = self.project_qkv(x);
-        let context = match self.resolve(path) {
+        let path = self.resolve(path);
+        if path == AttentionPath::Fused && flash::supports::<B>() {
+            let [q, k, v] = self.project_qkv(x);
+            let context = flash::causal_attention(FlashInputs {
+                query: q,
+                key: k,
+                value: v,
+                heads: self.num_heads,
+                key_padding,
+            });
+            return Ok(self.output_layer.forward(context));
+        }
+        let [q, k, v] = self.project_heads(x);
+        let context = match path {
             AttentionPath::Explicit => {
                 let mask = attend::mask_for(&q, 0, key_padding);
                 attend::explicit(q, k, v, mask, &self.dropout).context
@@ -288,7 +301,7 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// - output: see [`AttentionTrace`]
     pub fn forward_traced(&self, x: Tensor<B, 3>) -> Result<AttentionTrace<B>, AttentionError> {
         self.check_input(&x, 0)?;
-        let [q, k, v] = self.project_qkv(x);
+        let [q, k, v] = self.project_heads(x);
         let mask = attend::mask_for(&q, 0, None);
         let AttentionScores {
             context,
@@ -329,7 +342,7 @@ impl<B: Backend> MultiHeadAttention<B> {
         self.check_input(&x_new, cache.len())?;
         cache.check_batch(x_new.dims()[0])?;
         let past = cache.len();
-        let [q, k, v] = self.project_qkv(x_new);
+        let [q, k, v] = self.project_heads(x_new);
         let (keys, values) = cache.append(k, v);
         let context = match self.resolve(AttentionPath::Auto) {
             AttentionPath::Explicit => {
@@ -369,16 +382,28 @@ impl<B: Backend> MultiHeadAttention<B> {
         Ok(())
     }
 
-    /// `Auto` becomes `Explicit` on an autodiff backend (dropout, accurate gradients), else
-    /// `Fused`.
+    /// What [`AttentionPath::Auto`] means for this layer on `B`.
     fn resolve(&self, path: AttentionPath) -> AttentionPath {
-        match path {
-            AttentionPath::Auto if B::ad_enabled(&self.output_layer.weight.device()) => {
-                AttentionPath::Explicit
-            }
-            AttentionPath::Auto => AttentionPath::Fused,
-            chosen => chosen,
+        if path != AttentionPath::Auto {
+            return path;
         }
+        let training = B::ad_enabled(&self.output_layer.weight.device());
+        let dropout_active = training && self.dropout.prob > 0.0;
+        if !training || (!dropout_active && flash::supports::<B>()) {
+            AttentionPath::Fused
+        } else {
+            AttentionPath::Explicit
+        }
+    }
+
+    /// Projects `x` to queries, keys and values, the heads side by side.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, input_dim]`
+    /// - output: three `[batch, seq, output_dim]`
+    fn project_qkv(&self, x: Tensor<B, 3>) -> [Tensor<B, 3>; 3] {
+        [&self.query_layer, &self.key_layer, &self.value_layer]
+            .map(|layer| layer.forward(x.clone()))
     }
 
     /// Projects `x` to queries, keys and values, split into heads.
@@ -386,7 +411,11 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// # Shapes
     /// - `x`: `[batch, seq, input_dim]`
     /// - output: three `[batch, heads, seq, head_dim]`
-    fn project_qkv(&self, x: Tensor<B, 3>) -> [Tensor<B, 4>; 3] {
+    ///
+    /// Each projection is split as soon as it is made: projecting all three first and splitting
+    /// afterwards gives wrong `output_layer` weight gradients on Burn 0.21's wgpu (fusion)
+    /// backend for a one-token sequence (`parity.rs`, `book_s0_b1_t1_i4_o4_h1_bias`).
+    fn project_heads(&self, x: Tensor<B, 3>) -> [Tensor<B, 4>; 3] {
         [&self.query_layer, &self.key_layer, &self.value_layer]
             .map(|layer| split_heads(layer.forward(x.clone()), self.num_heads))
     }

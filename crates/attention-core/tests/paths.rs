@@ -5,7 +5,9 @@
 mod common;
 
 use attention_core::mask::causal_mask;
+use attention_core::weights::{AttentionParams, WeightsLayout};
 use attention_core::{AttentionInput, AttentionPath, MultiHeadAttention, MultiHeadAttentionConfig};
+use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::Bool;
 use burn::tensor::module::attention;
@@ -35,6 +37,7 @@ fn fused_equals_explicit<B: Backend>(device: &B::Device) {
         (2, 17, 32, 32, 4, true),
         (3, 7, 10, 12, 3, true),
         (2, 65, 64, 64, 2, false),
+        (1, 150, 16, 16, 2, true), // several query and key blocks of the CPU kernel
     ]
     .iter()
     .enumerate()
@@ -248,8 +251,65 @@ fn causal_mask_shape<B: Backend>(device: &B::Device) {
     );
 }
 
+/// Under autodiff the fused path (on ndarray and flex: the CPU kernel with its own backward)
+/// gives the explicit path's outputs and the same gradients for the input and every parameter,
+/// with padding (fully masked rows included) and across several kernel blocks.
+fn fused_gradients_equal_explicit<B: Backend>(device: &B::Device) {
+    for (i, &(batch, seq, width, heads, bias, padded)) in [
+        (1, 6, 4, 2, false, false),
+        (3, 7, 12, 3, true, false),
+        (2, 9, 8, 2, true, true),
+        (2, 150, 16, 2, true, true),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let config = MultiHeadAttentionConfig::new(width, width, seq, heads).with_qkv_bias(bias);
+        let layer = seeded_layer::<Autodiff<B>>(&config, 40 + i as u64, device);
+        let x = randn::<Autodiff<B>, 3>([batch, seq, width], 50 + i as u64, device).require_grad();
+        let r = randn::<Autodiff<B>, 3>([batch, seq, width], 60 + i as u64, device);
+        // Sequence 0 left-padded by 2 (its first rows see only padding), the others right-padded.
+        let padding = padded.then(|| {
+            let flags: Vec<bool> = (0..batch * seq)
+                .map(|n| {
+                    if n < seq {
+                        n % seq < 2
+                    } else {
+                        n % seq >= seq - 3
+                    }
+                })
+                .collect();
+            Tensor::<Autodiff<B>, 2, Bool>::from_data(TensorData::new(flags, [batch, seq]), device)
+        });
+        let run = |path: AttentionPath| {
+            let mut input = AttentionInput::new(x.clone()).path(path);
+            if let Some(padding) = &padding {
+                input = input.key_padding(padding.clone());
+            }
+            let y = layer.forward_with(input).unwrap();
+            let grads = (y.clone() * r.clone()).sum().backward();
+            let mut tensors = vec![
+                ("y".to_string(), y.into_data()),
+                ("grad.x".to_string(), x.grad(&grads).unwrap().into_data()),
+            ];
+            tensors.extend(
+                AttentionParams::grads_of(&layer, &grads).to_state_dict(WeightsLayout::Chapter),
+            );
+            tensors
+        };
+        for ((name, fused), (_, explicit)) in run(AttentionPath::Fused)
+            .into_iter()
+            .zip(run(AttentionPath::Explicit))
+        {
+            let what = format!("case {i}: fused vs explicit, {name}");
+            attention_backends::compare::assert_close(&fused, &explicit, TOL, 1e-4, &what);
+        }
+    }
+}
+
 attention_backends::backend_tests!(
     fused_equals_explicit,
+    fused_gradients_equal_explicit,
     cached_decoding_equals_full_forward,
     padded_batch_equals_each_sequence_alone,
     fully_masked_rows_are_finite,

@@ -1,0 +1,733 @@
+//! Causal flash attention on the CPU over plain slices: forward with an online softmax over key
+//! blocks, backward recomputing each block from the saved log-sum-exp (FlashAttention-2's
+//! scheme). Key blocks wholly above the causal diagonal are never touched, and no
+//! `[queries, keys]` matrix larger than one block ever exists.
+//!
+//! Tensors are row-major `[batch, seq, heads, head_dim]` — the projections' `[batch, seq,
+//! width]` output as it is, so that neither the head split nor the merge copies anything. The
+//! block products run on `matrixmultiply` (through ndarray), which picks AVX2/FMA at run time.
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis, ShapeBuilder, Slice};
+use rayon::prelude::*;
+
+/// Queries per block: the unit of parallel work in the forward pass.
+const QUERY_BLOCK: usize = 64;
+/// Keys per block. With 64-wide heads a `64 × 128` block product stays below matrixmultiply's
+/// threshold for spawning threads of its own inside ours.
+const KEY_BLOCK: usize = 128;
+
+/// The float types the kernel computes in.
+pub trait KernelFloat:
+    num_traits::Float + ndarray::LinalgScalar + Send + Sync + std::fmt::Debug + 'static
+{
+    /// `x ← exp(x)` for every element.
+    fn exp_in_place(xs: &mut [Self]);
+}
+
+impl KernelFloat for f64 {
+    fn exp_in_place(xs: &mut [Self]) {
+        // The f64 path serves gradient checks against finite differences: full precision.
+        xs.iter_mut().for_each(|x| *x = x.exp());
+    }
+}
+
+impl KernelFloat for f32 {
+    fn exp_in_place(xs: &mut [Self]) {
+        xs.iter_mut().for_each(|x| *x = exp_f32(*x));
+    }
+}
+
+/// `exp(x)` to about 1 ulp (Cephes' `expf` polynomial), branch-free so that the compiler
+/// vectorizes a loop of it; `std`'s `exp` is a scalar libm call, which would cost more than the
+/// block products. Inputs below −87 (where `exp` leaves the normal range) give 0.
+fn exp_f32(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5 · 2²³: adding it rounds to an integer held in the low bits of the mantissa.
+    const SHIFTER: f32 = 12_582_912.0;
+    let clamped = x.clamp(-87.0, 88.0);
+    let shifted = clamped * std::f32::consts::LOG2_E + SHIFTER;
+    let n = shifted - SHIFTER;
+    let exponent = shifted.to_bits().wrapping_sub(SHIFTER.to_bits()) as i32;
+    let r = clamped - n * LN2_HI - n * LN2_LO;
+    let poly = ((((1.987_569_2e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
+        * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let y = (poly * r * r + r + 1.0) * f32::from_bits(((exponent + 127) << 23) as u32);
+    if x < -87.0 { 0.0 } else { y }
+}
+
+/// The sizes of one attention call.
+///
+/// Query `i` (counted from the first new query) is the position `i + keys − queries` of the
+/// sequence and sees keys `0 ..= i + keys − queries`: the causal mask aligned bottom-right.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    /// Sequences in the batch.
+    pub batch: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Query positions (the last `queries` of the sequence).
+    pub queries: usize,
+    /// Key (and value) positions.
+    pub keys: usize,
+    /// Features per head.
+    pub head_dim: usize,
+}
+
+impl Dims {
+    fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// How many keys precede the first query.
+    fn offset(&self) -> usize {
+        self.keys - self.queries
+    }
+
+    /// Elements of a `[batch, queries, heads, head_dim]` tensor.
+    pub fn query_len(&self) -> usize {
+        self.batch * self.queries * self.width()
+    }
+
+    /// Elements of a `[batch, keys, heads, head_dim]` tensor.
+    pub fn key_len(&self) -> usize {
+        self.batch * self.keys * self.width()
+    }
+
+    /// The exclusive end of the keys that queries `..end` see.
+    fn visible_keys(&self, end: usize) -> usize {
+        end + self.offset()
+    }
+
+    /// The `[rows, head_dim]` view of head `head` of sequence `batch` in a `[batch, rows, heads,
+    /// head_dim]` tensor.
+    fn head<'a, E>(
+        &self,
+        data: &'a [E],
+        batch: usize,
+        head: usize,
+        rows: usize,
+    ) -> ArrayView2<'a, E> {
+        let start = batch * rows * self.width() + head * self.head_dim;
+        let shape = (rows, self.head_dim).strides((self.width(), 1));
+        ArrayView2::from_shape(shape, &data[start..]).expect("the buffer holds the tensor")
+    }
+}
+
+/// What the forward pass returns.
+#[derive(Debug, Clone)]
+pub struct Forward<E> {
+    /// `[batch, queries, heads, head_dim]`
+    pub output: Vec<E>,
+    /// `log Σ exp(scores)` per query and head, `-inf` where every key is masked:
+    /// `[batch, queries, heads]`. The backward pass rebuilds the weights from it.
+    pub log_sum_exp: Vec<E>,
+}
+
+/// Gradients of the three inputs.
+#[derive(Debug, Clone)]
+pub struct Gradients<E> {
+    /// `[batch, queries, heads, head_dim]`
+    pub query: Vec<E>,
+    /// `[batch, keys, heads, head_dim]`
+    pub key: Vec<E>,
+    /// `[batch, keys, heads, head_dim]`
+    pub value: Vec<E>,
+}
+
+/// The inputs of one attention call.
+///
+/// # Shapes
+/// - `query`: `[batch, queries, heads, head_dim]`
+/// - `key`, `value`: `[batch, keys, heads, head_dim]`
+/// - `key_padding`: `[batch, keys]`, `true` = padding (never attended to)
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a, E> {
+    /// Sizes.
+    pub dims: Dims,
+    /// Queries.
+    pub query: &'a [E],
+    /// Keys.
+    pub key: &'a [E],
+    /// Values.
+    pub value: &'a [E],
+    /// Keys never attended to.
+    pub key_padding: Option<&'a [bool]>,
+}
+
+impl<E: KernelFloat> Inputs<'_, E> {
+    /// Checks that every buffer has the length its shape says.
+    fn check(&self) {
+        let dims = self.dims;
+        assert!(
+            dims.queries <= dims.keys,
+            "more queries than keys: {dims:?}"
+        );
+        assert_eq!(
+            self.query.len(),
+            dims.query_len(),
+            "query buffer for {dims:?}"
+        );
+        assert_eq!(self.key.len(), dims.key_len(), "key buffer for {dims:?}");
+        assert_eq!(
+            self.value.len(),
+            dims.key_len(),
+            "value buffer for {dims:?}"
+        );
+        if let Some(padding) = self.key_padding {
+            assert_eq!(
+                padding.len(),
+                dims.batch * dims.keys,
+                "padding for {dims:?}"
+            );
+        }
+    }
+
+    /// `scale · q kᵀ` for query rows `rows` and key columns `cols` of one head, with masked
+    /// entries (above the diagonal, or padding) set to `-inf`.
+    ///
+    /// # Shapes
+    /// - `query`: `[rows.len(), head_dim]`, `key`: `[keys, head_dim]`
+    /// - `scores`: `[rows.len(), cols.len()]`, overwritten
+    fn masked_scores(
+        &self,
+        batch: usize,
+        query: &ArrayView2<E>,
+        key: &ArrayView2<E>,
+        rows: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+        scores: &mut ArrayViewMut2<E>,
+    ) {
+        let dims = self.dims;
+        let scale = E::from(dims.head_dim)
+            .expect("a small integer")
+            .sqrt()
+            .recip();
+        let key_block = key.slice_axis(Axis(0), Slice::from(cols.clone()));
+        general_mat_mul(scale, query, &key_block.t(), E::zero(), scores);
+        let padding = self
+            .key_padding
+            .map(|padding| &padding[batch * dims.keys + cols.start..batch * dims.keys + cols.end]);
+        for (row, mut scores) in rows.zip(scores.rows_mut()) {
+            // Keys from `first_hidden` on lie above the diagonal for this query.
+            let first_hidden = dims.visible_keys(row + 1).saturating_sub(cols.start);
+            let row_scores = scores.as_slice_mut().expect("scores are row-major");
+            if first_hidden < row_scores.len() {
+                row_scores[first_hidden..].fill(E::neg_infinity());
+            }
+            if let Some(padding) = padding {
+                for (score, &padded) in row_scores.iter_mut().zip(padding) {
+                    if padded {
+                        *score = E::neg_infinity();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Causal attention, `softmax(q kᵀ / √head_dim) v` per head, with the mask described on [`Dims`]
+/// and the key padding. A query whose keys are all masked gets a zero output.
+pub fn forward<E: KernelFloat>(inputs: Inputs<E>) -> Forward<E> {
+    inputs.check();
+    let dims = inputs.dims;
+    let width = dims.width();
+    let mut output = vec![E::zero(); dims.query_len()];
+    let mut log_sum_exp = vec![E::neg_infinity(); dims.batch * dims.queries * dims.heads];
+    if dims.query_len() == 0 {
+        return Forward {
+            output,
+            log_sum_exp,
+        };
+    }
+    // Each task owns the rows of one block of queries of one sequence, all heads: a contiguous
+    // stretch of the output and of the log-sum-exp.
+    output
+        .par_chunks_mut(dims.queries * width)
+        .zip(log_sum_exp.par_chunks_mut(dims.queries * dims.heads))
+        .enumerate()
+        .flat_map(|(batch, (output, log_sum_exp))| {
+            output
+                .par_chunks_mut(QUERY_BLOCK * width)
+                .zip(log_sum_exp.par_chunks_mut(QUERY_BLOCK * dims.heads))
+                .enumerate()
+                .map(move |(block, chunks)| (batch, block * QUERY_BLOCK, chunks))
+        })
+        .for_each(|(batch, first_query, (output, log_sum_exp))| {
+            forward_block(&inputs, batch, first_query, output, log_sum_exp);
+        });
+    Forward {
+        output,
+        log_sum_exp,
+    }
+}
+
+/// One block of queries of one sequence, every head.
+///
+/// # Shapes
+/// - `output`: `[block, heads, head_dim]`, zeros; `log_sum_exp`: `[block, heads]`
+fn forward_block<E: KernelFloat>(
+    inputs: &Inputs<E>,
+    batch: usize,
+    first_query: usize,
+    output: &mut [E],
+    log_sum_exp: &mut [E],
+) {
+    let dims = inputs.dims;
+    let block = log_sum_exp.len() / dims.heads;
+    let rows = first_query..first_query + block;
+    let visible = dims.visible_keys(rows.end);
+    let mut scores_buffer = vec![E::zero(); block * KEY_BLOCK.min(visible)];
+    let mut row_max = vec![E::neg_infinity(); block];
+    let mut row_sum = vec![E::zero(); block];
+    for head in 0..dims.heads {
+        let query_all = dims.head(inputs.query, batch, head, dims.queries);
+        let query = query_all.slice_axis(Axis(0), Slice::from(rows.clone()));
+        let key = dims.head(inputs.key, batch, head, dims.keys);
+        let value = dims.head(inputs.value, batch, head, dims.keys);
+        let out_shape = (block, dims.head_dim).strides((dims.width(), 1));
+        let mut out = ArrayViewMut2::from_shape(out_shape, &mut output[head * dims.head_dim..])
+            .expect("the output chunk holds the block");
+        row_max.fill(E::neg_infinity());
+        row_sum.fill(E::zero());
+        for start in (0..visible).step_by(KEY_BLOCK) {
+            let cols = start..(start + KEY_BLOCK).min(visible);
+            let mut scores = block_matrix(&mut scores_buffer, rows.len(), cols.len());
+            inputs.masked_scores(batch, &query, &key, rows.clone(), cols.clone(), &mut scores);
+            for (r, mut row) in scores.rows_mut().into_iter().enumerate() {
+                let row = row.as_slice_mut().expect("scores are row-major");
+                let block_max = row.iter().copied().fold(E::neg_infinity(), E::max);
+                if block_max == E::neg_infinity() {
+                    row.fill(E::zero()); // every key of this block is masked for this query
+                    continue;
+                }
+                let new_max = row_max[r].max(block_max);
+                row.iter_mut().for_each(|x| *x = *x - new_max);
+                E::exp_in_place(row);
+                let correction = (row_max[r] - new_max).exp(); // 0 when row_max was -inf
+                row_sum[r] =
+                    row_sum[r] * correction + row.iter().copied().fold(E::zero(), |a, b| a + b);
+                row_max[r] = new_max;
+                if correction != E::one() {
+                    out.row_mut(r).mapv_inplace(|o| o * correction);
+                }
+            }
+            general_mat_mul(
+                E::one(),
+                &scores,
+                &value.slice_axis(Axis(0), Slice::from(cols)),
+                E::one(),
+                &mut out,
+            );
+        }
+        for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
+            if row_sum[r] > E::zero() {
+                let inverse = row_sum[r].recip();
+                out_row.mapv_inplace(|o| o * inverse);
+                log_sum_exp[r * dims.heads + head] = row_max[r] + row_sum[r].ln();
+            }
+        }
+    }
+}
+
+/// The gradients of `sum(output ⊙ output_grad)` with respect to query, key and value, given the
+/// forward pass's `output` and `log_sum_exp`.
+///
+/// # Shapes
+/// - `output`, `output_grad`: `[batch, queries, heads, head_dim]`
+/// - `log_sum_exp`: `[batch, queries, heads]`
+pub fn backward<E: KernelFloat>(
+    inputs: Inputs<E>,
+    forward: &Forward<E>,
+    output_grad: &[E],
+) -> Gradients<E> {
+    inputs.check();
+    let dims = inputs.dims;
+    assert_eq!(
+        output_grad.len(),
+        dims.query_len(),
+        "output gradient for {dims:?}"
+    );
+    // One task per (sequence, head): it owns that head's query, key and value gradients, so
+    // that no two tasks add into the same rows. They are gathered into place afterwards.
+    let per_head: Vec<_> = (0..dims.batch * dims.heads)
+        .into_par_iter()
+        .map(|task| {
+            backward_head(
+                &inputs,
+                forward,
+                output_grad,
+                task / dims.heads,
+                task % dims.heads,
+            )
+        })
+        .collect();
+    let mut gradients = Gradients {
+        query: vec![E::zero(); dims.query_len()],
+        key: vec![E::zero(); dims.key_len()],
+        value: vec![E::zero(); dims.key_len()],
+    };
+    for (task, [query, key, value]) in per_head.into_iter().enumerate() {
+        let (batch, head) = (task / dims.heads, task % dims.heads);
+        let place = |data: &mut [E], rows: usize, grad: Array2<E>| {
+            let start = batch * rows * dims.width() + head * dims.head_dim;
+            let shape = (rows, dims.head_dim).strides((dims.width(), 1));
+            ArrayViewMut2::from_shape(shape, &mut data[start..])
+                .expect("the buffer holds the tensor")
+                .assign(&grad);
+        };
+        place(&mut gradients.query, dims.queries, query);
+        place(&mut gradients.key, dims.keys, key);
+        place(&mut gradients.value, dims.keys, value);
+    }
+    gradients
+}
+
+/// The query, key and value gradients of one head of one sequence, each `[rows, head_dim]`.
+fn backward_head<E: KernelFloat>(
+    inputs: &Inputs<E>,
+    forward: &Forward<E>,
+    output_grad: &[E],
+    batch: usize,
+    head: usize,
+) -> [Array2<E>; 3] {
+    let dims = inputs.dims;
+    let scale = E::from(dims.head_dim)
+        .expect("a small integer")
+        .sqrt()
+        .recip();
+    let query = dims.head(inputs.query, batch, head, dims.queries);
+    let key = dims.head(inputs.key, batch, head, dims.keys);
+    let value = dims.head(inputs.value, batch, head, dims.keys);
+    let output = dims.head(&forward.output, batch, head, dims.queries);
+    let output_grad = dims.head(output_grad, batch, head, dims.queries);
+    let log_sum_exp: Vec<E> = (0..dims.queries)
+        .map(|i| forward.log_sum_exp[(batch * dims.queries + i) * dims.heads + head])
+        .collect();
+    // Σ_d dO ⊙ O per query: the softmax gradient's row term.
+    let row_dot: Vec<E> = output_grad
+        .rows()
+        .into_iter()
+        .zip(output.rows())
+        .map(|(g, o)| g.dot(&o))
+        .collect();
+
+    let mut weights_buffer = vec![E::zero(); QUERY_BLOCK * KEY_BLOCK];
+    let mut score_grad_buffer = vec![E::zero(); QUERY_BLOCK * KEY_BLOCK];
+    let mut query_grad = Array2::zeros((dims.queries, dims.head_dim));
+    let mut key_grad = Array2::zeros((dims.keys, dims.head_dim));
+    let mut value_grad = Array2::zeros((dims.keys, dims.head_dim));
+    for start in (0..dims.keys).step_by(KEY_BLOCK) {
+        let cols = start..(start + KEY_BLOCK).min(dims.keys);
+        let key_block = key.slice_axis(Axis(0), Slice::from(cols.clone()));
+        let value_block = value.slice_axis(Axis(0), Slice::from(cols.clone()));
+        let mut key_grad_block = key_grad.slice_axis_mut(Axis(0), Slice::from(cols.clone()));
+        // The first query that sees key `start`.
+        let first_query = start.saturating_sub(dims.offset());
+        for row_start in (first_query..dims.queries).step_by(QUERY_BLOCK) {
+            let rows = row_start..(row_start + QUERY_BLOCK).min(dims.queries);
+            let query_block = query.slice_axis(Axis(0), Slice::from(rows.clone()));
+            let output_grad_block = output_grad.slice_axis(Axis(0), Slice::from(rows.clone()));
+            // The weights, rebuilt: exp(scores − log Σ exp), 0 where masked.
+            let mut weights = block_matrix(&mut weights_buffer, rows.len(), cols.len());
+            inputs.masked_scores(
+                batch,
+                &query_block,
+                &key,
+                rows.clone(),
+                cols.clone(),
+                &mut weights,
+            );
+            for (mut row, &lse) in weights
+                .rows_mut()
+                .into_iter()
+                .zip(&log_sum_exp[rows.clone()])
+            {
+                let row = row.as_slice_mut().expect("weights are row-major");
+                if lse == E::neg_infinity() {
+                    row.fill(E::zero());
+                } else {
+                    row.iter_mut().for_each(|x| *x = *x - lse);
+                    E::exp_in_place(row);
+                }
+            }
+            let mut value_grad_block =
+                value_grad.slice_axis_mut(Axis(0), Slice::from(cols.clone()));
+            general_mat_mul(
+                E::one(),
+                &weights.t(),
+                &output_grad_block,
+                E::one(),
+                &mut value_grad_block,
+            );
+            // dS = P ⊙ (dO vᵀ − rowdot), then dQ += dS k · scale and dK += dSᵀ q · scale.
+            let mut score_grad = block_matrix(&mut score_grad_buffer, rows.len(), cols.len());
+            general_mat_mul(
+                E::one(),
+                &output_grad_block,
+                &value_block.t(),
+                E::zero(),
+                &mut score_grad,
+            );
+            for ((mut grad_row, weight_row), &dot) in score_grad
+                .rows_mut()
+                .into_iter()
+                .zip(weights.rows())
+                .zip(&row_dot[rows.clone()])
+            {
+                grad_row.zip_mut_with(&weight_row, |g, &w| *g = w * (*g - dot));
+            }
+            let mut query_grad_block = query_grad.slice_axis_mut(Axis(0), Slice::from(rows));
+            general_mat_mul(
+                scale,
+                &score_grad,
+                &key_block,
+                E::one(),
+                &mut query_grad_block,
+            );
+            general_mat_mul(
+                scale,
+                &score_grad.t(),
+                &query_block,
+                E::one(),
+                &mut key_grad_block,
+            );
+        }
+    }
+    [query_grad, key_grad, value_grad]
+}
+
+/// A row-major `[rows, cols]` matrix over the front of a scratch buffer.
+fn block_matrix<E>(buffer: &mut [E], rows: usize, cols: usize) -> ArrayViewMut2<'_, E> {
+    ArrayViewMut2::from_shape((rows, cols), &mut buffer[..rows * cols])
+        .expect("the scratch buffer holds one block")
+}
+
+#[cfg(test)]
+mod tests {
+    //! The kernel against the textbook formula, computed densely in f64 on the same inputs.
+
+    use super::*;
+
+    /// Deterministic values in [-2, 2).
+    fn values(len: usize, seed: u64) -> Vec<f64> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// Dense causal attention and its gradients for `loss = Σ output ⊙ output_grad`.
+    fn reference(inputs: &Inputs<f64>, output_grad: &[f64]) -> (Vec<f64>, Gradients<f64>) {
+        let d = inputs.dims;
+        let scale = 1.0 / (d.head_dim as f64).sqrt();
+        let at = |rows: usize, b: usize, t: usize, h: usize, c: usize| {
+            ((b * rows + t) * d.heads + h) * d.head_dim + c
+        };
+        let mut output = vec![0.0; d.query_len()];
+        let mut grads = Gradients {
+            query: vec![0.0; d.query_len()],
+            key: vec![0.0; d.key_len()],
+            value: vec![0.0; d.key_len()],
+        };
+        for b in 0..d.batch {
+            for h in 0..d.heads {
+                for i in 0..d.queries {
+                    let visible = |j: usize| {
+                        j <= i + d.offset()
+                            && !inputs.key_padding.is_some_and(|p| p[b * d.keys + j])
+                    };
+                    let scores: Vec<f64> = (0..d.keys)
+                        .map(|j| {
+                            (0..d.head_dim)
+                                .map(|c| {
+                                    inputs.query[at(d.queries, b, i, h, c)]
+                                        * inputs.key[at(d.keys, b, j, h, c)]
+                                })
+                                .sum::<f64>()
+                                * scale
+                        })
+                        .collect();
+                    let max = (0..d.keys)
+                        .filter(|&j| visible(j))
+                        .map(|j| scores[j])
+                        .fold(f64::NEG_INFINITY, f64::max);
+                    if max == f64::NEG_INFINITY {
+                        continue;
+                    }
+                    let exp: Vec<f64> = (0..d.keys)
+                        .map(|j| {
+                            if visible(j) {
+                                (scores[j] - max).exp()
+                            } else {
+                                0.0
+                            }
+                        })
+                        .collect();
+                    let sum: f64 = exp.iter().sum();
+                    let weights: Vec<f64> = exp.iter().map(|e| e / sum).collect();
+                    for c in 0..d.head_dim {
+                        output[at(d.queries, b, i, h, c)] = (0..d.keys)
+                            .map(|j| weights[j] * inputs.value[at(d.keys, b, j, h, c)])
+                            .sum();
+                    }
+                    let go = |c: usize| output_grad[at(d.queries, b, i, h, c)];
+                    let weight_grad: Vec<f64> = (0..d.keys)
+                        .map(|j| {
+                            (0..d.head_dim)
+                                .map(|c| go(c) * inputs.value[at(d.keys, b, j, h, c)])
+                                .sum()
+                        })
+                        .collect();
+                    let dot: f64 = (0..d.keys).map(|j| weights[j] * weight_grad[j]).sum();
+                    for j in 0..d.keys {
+                        let score_grad = weights[j] * (weight_grad[j] - dot) * scale;
+                        for c in 0..d.head_dim {
+                            grads.value[at(d.keys, b, j, h, c)] += weights[j] * go(c);
+                            grads.query[at(d.queries, b, i, h, c)] +=
+                                score_grad * inputs.key[at(d.keys, b, j, h, c)];
+                            grads.key[at(d.keys, b, j, h, c)] +=
+                                score_grad * inputs.query[at(d.queries, b, i, h, c)];
+                        }
+                    }
+                }
+            }
+        }
+        (output, grads)
+    }
+
+    fn max_error(found: &[f64], expected: &[f64]) -> f64 {
+        assert_eq!(found.len(), expected.len());
+        found
+            .iter()
+            .zip(expected)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max)
+    }
+
+    /// Runs the kernel in f64 and f32 against the reference, forward and backward.
+    fn check(dims: Dims, key_padding: Option<Vec<bool>>) {
+        let query = values(dims.query_len(), 1);
+        let key = values(dims.key_len(), 2);
+        let value = values(dims.key_len(), 3);
+        let output_grad = values(dims.query_len(), 4);
+        let inputs = Inputs {
+            dims,
+            query: &query,
+            key: &key,
+            value: &value,
+            key_padding: key_padding.as_deref(),
+        };
+        let (expected, expected_grads) = reference(&inputs, &output_grad);
+
+        let forward = super::forward(inputs);
+        assert!(
+            max_error(&forward.output, &expected) < 1e-12,
+            "f64 output, {dims:?}"
+        );
+        let grads = super::backward(inputs, &forward, &output_grad);
+        for (name, found, expected) in [
+            ("query", &grads.query, &expected_grads.query),
+            ("key", &grads.key, &expected_grads.key),
+            ("value", &grads.value, &expected_grads.value),
+        ] {
+            let error = max_error(found, expected);
+            assert!(
+                error < 1e-12,
+                "f64 {name} gradient off by {error}, {dims:?}"
+            );
+        }
+
+        let single = |xs: &[f64]| xs.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        let (query, key, value, output_grad) = (
+            single(&query),
+            single(&key),
+            single(&value),
+            single(&output_grad),
+        );
+        let inputs = Inputs {
+            dims,
+            query: &query,
+            key: &key,
+            value: &value,
+            key_padding: key_padding.as_deref(),
+        };
+        let forward = super::forward(inputs);
+        let widen = |xs: &[f32]| xs.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        let error = max_error(&widen(&forward.output), &expected);
+        assert!(error < 2e-6, "f32 output off by {error}, {dims:?}");
+        let grads = super::backward(inputs, &forward, &output_grad);
+        for (name, found, expected) in [
+            ("query", &grads.query, &expected_grads.query),
+            ("key", &grads.key, &expected_grads.key),
+            ("value", &grads.value, &expected_grads.value),
+        ] {
+            let error = max_error(&widen(found), expected);
+            assert!(error < 2e-5, "f32 {name} gradient off by {error}, {dims:?}");
+        }
+    }
+
+    fn dims(batch: usize, heads: usize, queries: usize, keys: usize, head_dim: usize) -> Dims {
+        Dims {
+            batch,
+            heads,
+            queries,
+            keys,
+            head_dim,
+        }
+    }
+
+    #[test]
+    fn matches_the_formula_within_one_block() {
+        check(dims(1, 2, 6, 6, 2), None); // the chapter's shape
+        check(dims(2, 3, 5, 5, 4), None);
+    }
+
+    #[test]
+    fn matches_the_formula_across_blocks_of_uneven_size() {
+        // 200 queries: blocks of 64 with a short last one; keys in 128s with a short last one.
+        check(dims(2, 2, 200, 200, 8), None);
+    }
+
+    #[test]
+    fn matches_the_formula_for_queries_after_cached_keys() {
+        check(dims(1, 2, 1, 150, 4), None); // one decoding step
+        check(dims(2, 1, 70, 300, 4), None);
+    }
+
+    #[test]
+    fn matches_the_formula_with_padding_and_fully_masked_rows() {
+        let (batch, keys) = (2, 140);
+        // Sequence 0 left-padded by 3 (its first queries see only padding), 1 right-padded by 70.
+        let padding: Vec<bool> = (0..batch * keys)
+            .map(|n| {
+                let (b, j) = (n / keys, n % keys);
+                if b == 0 { j < 3 } else { j >= keys - 70 }
+            })
+            .collect();
+        check(dims(batch, 2, keys, keys, 4), Some(padding));
+    }
+
+    #[test]
+    fn fast_exp_is_within_two_ulp_of_libm() {
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (fast, exact) = (exp_f32(x), (x as f64).exp());
+            let ulp = (exact as f32).to_bits().abs_diff(fast.to_bits());
+            assert!(ulp <= 2, "exp({x}) = {fast}, libm {exact} ({ulp} ulp)");
+            x += 0.0137;
+        }
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32(-100.0), 0.0);
+        assert_eq!(exp_f32(0.0), 1.0);
+    }
+}
