@@ -81,7 +81,8 @@ pub const STANDARD_SHAPES: [&str; 5] = [
 pub enum Impl {
     /// Ours, explicit path (scores, mask, softmax, weighted sum).
     Explicit,
-    /// Ours, Burn's fused attention op.
+    /// Ours, fused path: the crate's CPU kernel on ndarray and flex (with its own backward under
+    /// autodiff), Burn's fused attention op on wgpu.
     Fused,
     /// `burn::nn::attention::MultiHeadAttention` with its autoregressive mask.
     BurnNn,
@@ -277,10 +278,14 @@ pub fn prepare<B: Backend>(
                 .forward_cached(input::<B>(shape, shape.seq - 1, &device), &mut cache)
                 .expect("prefill fits");
             let token = input::<B>(shape, 1, &device);
+            let path = match implementation {
+                Impl::Explicit => AttentionPath::Explicit,
+                _ => AttentionPath::Fused,
+            };
             Ok(Case {
                 run: Box::new(move || {
                     let y = layer
-                        .forward_cached(token.clone(), &mut cache)
+                        .forward_cached_with(token.clone(), &mut cache, path)
                         .expect("room for one");
                     drop(y);
                     sync::<B>(&device);

@@ -338,13 +338,30 @@ impl<B: Backend> MultiHeadAttention<B> {
         x_new: Tensor<B, 3>,
         cache: &mut KvCache<B>,
     ) -> Result<Tensor<B, 3>, AttentionError> {
+        self.forward_cached_with(x_new, cache, AttentionPath::Auto)
+    }
+
+    /// [`forward_cached`](Self::forward_cached) on a chosen path: `Explicit` masks the scores of
+    /// the new queries against every cached key, `Fused` calls Burn's attention op (its causal
+    /// mask is aligned bottom-right, which is what the cache needs; the CPU kernel is not used
+    /// here, as the cache's keys are stored per head).
+    ///
+    /// # Shapes
+    /// - `x_new`: `[batch, new, input_dim]`
+    /// - output: `[batch, new, output_dim]`
+    pub fn forward_cached_with(
+        &self,
+        x_new: Tensor<B, 3>,
+        cache: &mut KvCache<B>,
+        path: AttentionPath,
+    ) -> Result<Tensor<B, 3>, AttentionError> {
         cache.check_layout(self.num_heads, self.head_dim(), self.context_length)?;
         self.check_input(&x_new, cache.len())?;
         cache.check_batch(x_new.dims()[0])?;
         let past = cache.len();
         let [q, k, v] = self.project_heads(x_new);
         let (keys, values) = cache.append(k, v);
-        let context = match self.resolve(AttentionPath::Auto) {
+        let context = match self.resolve(path) {
             AttentionPath::Explicit => {
                 let mask = attend::mask_for(&q, past, None);
                 attend::explicit(q, keys, values, mask, &self.dropout).context

@@ -66,28 +66,25 @@ fn cached_decoding_equals_full_forward<B: Backend>(device: &B::Device) {
         let layer = seeded_layer::<B>(&config, 30 + i as u64, device);
         let x = randn::<B, 3>([batch, seq, 8], 31 + i as u64, device);
         let full = layer.forward(x.clone());
-        for prefill in [0, 1, seq / 2, seq] {
+        for (prefill, path) in [0, 1, seq / 2, seq]
+            .into_iter()
+            .flat_map(|p| [(p, AttentionPath::Fused), (p, AttentionPath::Explicit)])
+        {
             let mut cache = layer.new_cache();
+            let mut step =
+                |x: Tensor<B, 3>| layer.forward_cached_with(x, &mut cache, path).unwrap();
             let mut outputs = Vec::new();
             if prefill > 0 {
-                outputs.push(
-                    layer
-                        .forward_cached(x.clone().slice([0..batch, 0..prefill]), &mut cache)
-                        .unwrap(),
-                );
+                outputs.push(step(x.clone().slice([0..batch, 0..prefill])));
             }
             for t in prefill..seq {
-                outputs.push(
-                    layer
-                        .forward_cached(x.clone().slice([0..batch, t..t + 1]), &mut cache)
-                        .unwrap(),
-                );
+                outputs.push(step(x.clone().slice([0..batch, t..t + 1])));
             }
             assert_eq!(cache.len(), seq);
             assert_close(
                 Tensor::cat(outputs, 1),
                 full.clone(),
-                &format!("case {i}: prefill {prefill} then steps"),
+                &format!("case {i}: prefill {prefill} then steps, {path:?}"),
             );
         }
         let mut cache = layer.new_cache();
