@@ -114,6 +114,9 @@ fn on_autodiff<B: Backend, I: Backend>(inputs: FlashInputs<B>) -> Tensor<B, 3> {
     same_type(output)
 }
 
+/// The kernel's forward pass on `I`'s data, recorded as one graph node whose backward is
+/// [`kernel::backward`]. The nodes are taken before the data so that burn-ndarray can hand the
+/// buffers over without copying.
 fn tracked<I: Backend, E: HostFloat>(inputs: FlashInputs<Autodiff<I>>) -> Tensor<Autodiff<I>, 3> {
     let device = inputs.query.device();
     let [query, key, value] =
