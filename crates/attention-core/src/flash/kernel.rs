@@ -616,55 +616,52 @@ mod tests {
 
     /// Runs the kernel in f64 and f32 against the reference, forward and backward.
     fn check(dims: Dims, key_padding: Option<Vec<bool>>) {
-        let query = values(dims.query_len(), 1);
-        let key = values(dims.key_len(), 2);
-        let value = values(dims.key_len(), 3);
-        let output_grad = values(dims.query_len(), 4);
+        let data = [
+            values(dims.query_len(), 1),
+            values(dims.key_len(), 2),
+            values(dims.key_len(), 3),
+            values(dims.query_len(), 4), // the output's gradient
+        ];
+        let inputs = Inputs {
+            dims,
+            query: &data[0],
+            key: &data[1],
+            value: &data[2],
+            key_padding: key_padding.as_deref(),
+        };
+        let expected = reference(&inputs, &data[3]);
+        let padding = key_padding.as_deref();
+        check_in::<f64>(dims, padding, &data, &expected, [1e-12, 1e-12]);
+        check_in::<f32>(dims, padding, &data, &expected, [2e-6, 2e-5]);
+    }
+
+    /// The kernel in `E` on `data` (query, key, value, output gradient) against the reference's
+    /// output and gradients, within `tolerance` (output, gradients).
+    fn check_in<E: KernelFloat>(
+        dims: Dims,
+        key_padding: Option<&[bool]>,
+        data: &[Vec<f64>; 4],
+        (expected, expected_grads): &(Vec<f64>, Gradients<f64>),
+        [output_tolerance, grad_tolerance]: [f64; 2],
+    ) {
+        let precision = std::any::type_name::<E>();
+        let [query, key, value, output_grad] = data
+            .each_ref()
+            .map(|xs| xs.iter().map(|&x| E::from(x).unwrap()).collect::<Vec<E>>());
+        let widen = |xs: &[E]| xs.iter().map(|x| x.to_f64().unwrap()).collect::<Vec<f64>>();
         let inputs = Inputs {
             dims,
             query: &query,
             key: &key,
             value: &value,
-            key_padding: key_padding.as_deref(),
+            key_padding,
         };
-        let (expected, expected_grads) = reference(&inputs, &output_grad);
-
         let forward = super::forward(inputs);
+        let error = max_error(&widen(&forward.output), expected);
         assert!(
-            max_error(&forward.output, &expected) < 1e-12,
-            "f64 output, {dims:?}"
+            error < output_tolerance,
+            "{precision} output off by {error}, {dims:?}"
         );
-        let grads = super::backward(inputs, &forward, &output_grad);
-        for (name, found, expected) in [
-            ("query", &grads.query, &expected_grads.query),
-            ("key", &grads.key, &expected_grads.key),
-            ("value", &grads.value, &expected_grads.value),
-        ] {
-            let error = max_error(found, expected);
-            assert!(
-                error < 1e-12,
-                "f64 {name} gradient off by {error}, {dims:?}"
-            );
-        }
-
-        let single = |xs: &[f64]| xs.iter().map(|&x| x as f32).collect::<Vec<f32>>();
-        let (query, key, value, output_grad) = (
-            single(&query),
-            single(&key),
-            single(&value),
-            single(&output_grad),
-        );
-        let inputs = Inputs {
-            dims,
-            query: &query,
-            key: &key,
-            value: &value,
-            key_padding: key_padding.as_deref(),
-        };
-        let forward = super::forward(inputs);
-        let widen = |xs: &[f32]| xs.iter().map(|&x| x as f64).collect::<Vec<f64>>();
-        let error = max_error(&widen(&forward.output), &expected);
-        assert!(error < 2e-6, "f32 output off by {error}, {dims:?}");
         let grads = super::backward(inputs, &forward, &output_grad);
         for (name, found, expected) in [
             ("query", &grads.query, &expected_grads.query),
@@ -672,7 +669,10 @@ mod tests {
             ("value", &grads.value, &expected_grads.value),
         ] {
             let error = max_error(&widen(found), expected);
-            assert!(error < 2e-5, "f32 {name} gradient off by {error}, {dims:?}");
+            assert!(
+                error < grad_tolerance,
+                "{precision} {name} gradient off by {error}, {dims:?}"
+            );
         }
     }
 
