@@ -5,8 +5,8 @@ use thiserror::Error;
 /// What was wrong with a [config](crate::MultiHeadAttentionConfig), an input or a
 /// [cache](crate::KvCache).
 ///
-/// Every fallible method returns it (`try_init`, `try_forward`, `try_forward_cached`, …);
-/// the panicking variants (`init`, `forward`, …) panic with its message.
+/// Every fallible method returns it (`try_init`, `try_forward`, `forward_with`,
+/// `forward_cached`, …); the panicking variants (`init`, `forward`) panic with its message.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum AttentionError {
     /// A size in the config is zero.
@@ -39,6 +39,37 @@ pub enum AttentionError {
     /// The input has no tokens.
     #[error("input sequence is empty (seq = 0)")]
     EmptySequence,
+    /// The input has no sequences.
+    #[error("input batch is empty (batch = 0)")]
+    EmptyBatch,
+    /// The explicit path would materialize attention scores larger than
+    /// [`EXPLICIT_SCORES_LIMIT`](crate::EXPLICIT_SCORES_LIMIT) bytes.
+    #[error(
+        "the explicit path would hold attention scores of shape {shape:?} ({gib:.1} GiB per \
+         tensor, several at once); use the fused path (`AttentionPath::Fused`, `--path fused`), \
+         which never materializes them, or a shorter sequence or smaller batch"
+    )]
+    ExplicitTooLarge {
+        /// `[batch, heads, queries, keys]`.
+        shape: [usize; 4],
+        /// The size of one such tensor in GiB.
+        gib: f64,
+    },
+    /// The key/value cache would need more memory than can be addressed.
+    #[error(
+        "the key/value cache would hold {positions} positions of {heads} heads × {head_dim} \
+         features for a batch of {batch}, more than can be addressed"
+    )]
+    CacheTooLarge {
+        /// Batch size.
+        batch: usize,
+        /// Heads stored.
+        heads: usize,
+        /// Features per head.
+        head_dim: usize,
+        /// Positions asked for.
+        positions: usize,
+    },
     /// The sequence (or the cache after this step) is longer than `context_length`.
     #[error("sequence of {seq} tokens exceeds context_length = {context_length}")]
     ContextOverflow {

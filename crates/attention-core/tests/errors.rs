@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 
 use attention_backends::NdArray as B;
 use attention_core::weights::{StateDict, WeightsError};
-use attention_core::{AttentionError, AttentionInput, MultiHeadAttentionConfig};
+use attention_core::{AttentionError, AttentionInput, AttentionPath, MultiHeadAttentionConfig};
 use burn::prelude::*;
 use burn::tensor::Bool;
+use tensor_files::FileError;
 
 fn device() -> burn::backend::ndarray::NdArrayDevice {
     Default::default()
@@ -212,7 +213,7 @@ fn weight_errors_name_the_key_and_shapes() {
         )
         .unwrap_err();
     assert!(
-        matches!(&e, WeightsError::Shape { key, expected, found } if key == "query_layer.weight" && expected == &[6, 8] && found == &[8, 8]),
+        matches!(&e, WeightsError::Shape { key, expected, found, .. } if key == "query_layer.weight" && expected == &[6, 8] && found == &[8, 8]),
         "{e}"
     );
 
@@ -238,26 +239,29 @@ fn file_errors() {
     std::fs::create_dir_all(&dir).unwrap();
     let e = StateDict::load(dir.join("absent.safetensors")).unwrap_err();
     assert!(
-        matches!(e, WeightsError::Read { .. }) && e.to_string().contains("no such file"),
+        matches!(e, WeightsError::File(FileError::Io { .. }))
+            && e.to_string().contains("No such file"),
         "{e}"
     );
     let garbage = dir.join("garbage.safetensors");
     std::fs::write(&garbage, b"not a safetensors file").unwrap();
-    assert!(matches!(
-        StateDict::load(&garbage),
-        Err(WeightsError::Read { .. })
-    ));
+    let e = StateDict::load(&garbage).unwrap_err();
+    assert!(
+        matches!(e, WeightsError::File(FileError::Malformed { .. })),
+        "{e}"
+    );
     let garbage_pt = dir.join("garbage.pt");
     std::fs::write(&garbage_pt, b"not a zip").unwrap();
-    assert!(matches!(
-        StateDict::load(&garbage_pt),
-        Err(WeightsError::Read { .. })
-    ));
+    let e = StateDict::load(&garbage_pt).unwrap_err();
+    assert!(
+        matches!(e, WeightsError::File(FileError::Malformed { .. })),
+        "{e}"
+    );
     let txt = dir.join("weights.txt");
     std::fs::write(&txt, b"").unwrap();
     assert!(matches!(
         StateDict::load(&txt),
-        Err(WeightsError::UnknownFormat { .. })
+        Err(WeightsError::File(FileError::UnknownFormat { .. }))
     ));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -266,8 +270,129 @@ fn file_errors() {
 fn the_mask_buffer_is_accepted_and_ignored() {
     let dict = StateDict::load(fixture("book_s0_b2_t5_i8_o8_h2_bias.pt")).unwrap();
     assert_eq!(dict.shape("mask"), Some(&[8usize, 8][..]));
-    assert_eq!(dict.mask_context_length(), Some(8));
+    assert_eq!(dict.mask_context_length().unwrap(), Some(8));
     let config = dict.infer_config(2, 8).unwrap();
     assert!(config.qkv_bias && config.input_dim == 8 && config.output_dim == 8);
     dict.to_layer::<B>(&config, &device()).unwrap();
+}
+
+#[test]
+fn empty_batches_are_errors_on_every_path() {
+    let layer = layer();
+    let x = Tensor::<B, 3>::zeros([0, 3, 4], &device());
+    for path in [
+        AttentionPath::Explicit,
+        AttentionPath::Fused,
+        AttentionPath::Auto,
+    ] {
+        let input = AttentionInput::new(x.clone()).path(path);
+        assert_eq!(
+            layer.forward_with(input).unwrap_err(),
+            AttentionError::EmptyBatch
+        );
+    }
+    assert_eq!(
+        layer.forward_traced(x.clone()).unwrap_err(),
+        AttentionError::EmptyBatch
+    );
+    let mut cache = layer.new_cache();
+    assert_eq!(
+        layer.forward_cached(x, &mut cache).unwrap_err(),
+        AttentionError::EmptyBatch
+    );
+    assert!(cache.is_empty());
+}
+
+#[test]
+fn explicit_attention_too_large_to_materialize_is_refused_up_front() {
+    // 40 000 tokens, 2 heads: [1, 2, 40000, 40000] f32 scores are 11.9 GiB per tensor.
+    let layer = MultiHeadAttentionConfig::new(4, 6, 100_000, 2).init::<B>(&device());
+    let x = Tensor::<B, 3>::zeros([1, 40_000, 4], &device());
+    let too_large = |e: AttentionError| {
+        assert!(
+            matches!(
+                e,
+                AttentionError::ExplicitTooLarge {
+                    shape: [1, 2, 40_000, 40_000],
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("--path fused"), "{e}");
+    };
+    too_large(layer.forward_traced(x.clone()).unwrap_err());
+    let explicit = AttentionInput::new(x.clone()).path(AttentionPath::Explicit);
+    too_large(layer.forward_with(explicit).unwrap_err());
+    let mut cache = layer.new_cache();
+    too_large(
+        layer
+            .forward_cached_with(x, &mut cache, AttentionPath::Explicit)
+            .unwrap_err(),
+    );
+    assert!(cache.is_empty(), "the cache is untouched");
+}
+
+#[test]
+fn a_huge_context_costs_nothing_until_used() {
+    // The cache grows with the positions it holds, not with context_length.
+    let layer = MultiHeadAttentionConfig::new(4, 6, usize::MAX, 2).init::<B>(&device());
+    let mut cache = layer.new_cache();
+    let x = Tensor::<B, 3>::ones([2, 3, 4], &device());
+    let y = layer.forward_cached(x.clone(), &mut cache).unwrap();
+    assert_eq!(y.dims(), [2, 3, 6]);
+    assert_eq!(cache.len(), 3);
+    assert_eq!(
+        cache.allocated(),
+        attention_core::KvCache::<B>::MIN_POSITIONS
+    );
+    assert_eq!(layer.forward(x).dims(), [2, 3, 6]);
+}
+
+#[test]
+fn file_errors_speak_in_the_users_terms() {
+    // A tensor of the wrong rank says how many dimensions were expected.
+    let dict = StateDict::from_tensors([("x".to_string(), TensorData::zeros::<f32, _>([2, 3]))]);
+    let e = dict.tensor::<B, 3>("x", &device()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "`x` has shape [2, 3], expected a tensor of 3 dimensions"
+    );
+
+    // Weights saved transposed ([in, out] instead of nn.Linear's [out, in]), not square.
+    let source = StateDict::load(fixture("book_s0_b3_t7_i10_o12_h3_nobias.safetensors")).unwrap();
+    let transposed = StateDict::from_tensors(
+        source
+            .keys()
+            .filter(|k| k.ends_with(".weight"))
+            .map(|k| {
+                let w = source.tensor::<B, 2>(k, &device()).unwrap();
+                (k.to_string(), w.transpose().into_data())
+            })
+            .chain(
+                source
+                    .keys()
+                    .filter(|k| k.ends_with(".bias"))
+                    .map(|k| (k.to_string(), source.data(k).unwrap().clone())),
+            ),
+    );
+    let e = transposed.infer_config(3, 7).unwrap_err();
+    let message = e.to_string();
+    assert!(
+        message.starts_with("`key_layer.weight` has shape [10, 12], expected [12, 10]")
+            || message.starts_with("`output_layer.weight` has shape [12, 12], expected [10, 10]"),
+        "{message}"
+    );
+    assert!(message.contains("nn.Linear stores [out, in]"), "{message}");
+
+    // The chapter's mask buffer must be [C, C].
+    let mut tensors: Vec<(String, TensorData)> = source
+        .keys()
+        .map(|k| (k.to_string(), source.data(k).unwrap().clone()))
+        .collect();
+    tensors.push(("mask".into(), TensorData::from([1.0f32])));
+    let e = StateDict::from_tensors(tensors)
+        .mask_context_length()
+        .unwrap_err();
+    assert!(e.to_string().starts_with("`mask` has shape [1]"), "{e}");
 }

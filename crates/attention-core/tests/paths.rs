@@ -370,7 +370,7 @@ fn cached_decoding_reproduces_the_fixtures<B: Backend>(device: &B::Device) {
         let x = dict.tensor::<B, 3>("x", device).unwrap();
         let [batch, seq, _] = x.dims();
         let config = dict
-            .infer_config(heads, dict.mask_context_length().unwrap_or(seq))
+            .infer_config(heads, dict.mask_context_length().unwrap().unwrap_or(seq))
             .unwrap();
         let layer = dict.to_layer::<B>(&config, device).unwrap();
         let mut cache = layer.new_cache();
@@ -389,5 +389,36 @@ fn cached_decoding_reproduces_the_fixtures<B: Backend>(device: &B::Device) {
             1e-4,
             &name,
         );
+    }
+}
+
+/// A cache that grows past its first allocations (64, then doubling) still equals the full
+/// forward pass, on both paths.
+#[test]
+fn cache_growth_keeps_every_position() {
+    type B = attention_backends::NdArray;
+    let device = Default::default();
+    let config = MultiHeadAttentionConfig::new(8, 8, 1 << 40, 2).with_qkv_bias(true);
+    let layer = seeded_layer::<B>(&config, 7, &device);
+    let seq = 150;
+    let x = randn::<B, 3>([2, seq, 8], 8, &device);
+    let full = layer.forward(x.clone());
+    for path in [AttentionPath::Fused, AttentionPath::Explicit] {
+        let mut cache = layer.new_cache();
+        let mut outputs = vec![
+            layer
+                .forward_cached_with(x.clone().slice([0..2, 0..70]), &mut cache, path)
+                .unwrap(),
+        ];
+        for t in 70..seq {
+            let token = x.clone().slice([0..2, t..t + 1]);
+            outputs.push(layer.forward_cached_with(token, &mut cache, path).unwrap());
+        }
+        assert_eq!(
+            (cache.len(), cache.allocated()),
+            (seq, 280),
+            "70, then 140, then 280"
+        );
+        assert_close(Tensor::cat(outputs, 1), full.clone(), &format!("{path:?}"));
     }
 }

@@ -6,26 +6,36 @@ use attention_core::{AttentionInput, MultiHeadAttention};
 use burn::backend::Autodiff;
 use burn::prelude::*;
 
+use tensor_files::OutputFile;
+
 use crate::cli::{ApplyArgs, PathArg};
 use crate::io::{read_tensor, write_tensors};
 use crate::{DemoBackend, DemoError};
 
 pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(), DemoError> {
     let device = &backend.device;
+    // Refused before any work: an output that is one of the inputs, or not a regular file.
+    let mut inputs = vec![
+        ("--weights", args.weights.as_path()),
+        ("--input", args.input.as_path()),
+    ];
+    inputs.extend(args.cotangent.as_deref().map(|path| ("--cotangent", path)));
+    let output = OutputFile::new(&args.output, &inputs)?;
     let weights = StateDict::load(&args.weights)?;
-    let layout = weights
-        .layout()
-        .map_err(|e| DemoError(format!("{}: {e}", args.weights.display())))?;
+    let weights_error = |e| DemoError(format!("{}: {e}", args.weights.display()));
+    let layout = weights.layout().map_err(weights_error)?;
     let x = read_tensor::<B, 3>(&args.input, "x", device)?;
     let [batch, seq, _] = x.dims();
-    let context_length = args
-        .context_length
-        .or(weights.mask_context_length())
-        .unwrap_or(seq);
+    let context_length = match args.context_length {
+        Some(context_length) => context_length,
+        None => weights
+            .mask_context_length()
+            .map_err(weights_error)?
+            .unwrap_or(seq),
+    };
     let config = weights
         .infer_config(args.num_heads, context_length)
-        .map_err(|e| DemoError(format!("{}: {e}", args.weights.display())))?;
-    let weights_error = |e| DemoError(format!("{}: {e}", args.weights.display()));
+        .map_err(weights_error)?;
 
     let mut tensors = Vec::new();
     match &args.cotangent {
@@ -63,7 +73,7 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
             }
         }
     }
-    write_tensors(&args.output, tensors)
+    write_tensors(&output, tensors)
 }
 
 /// The layer's output on `path`, with the attention weights on the explicit path.
@@ -76,6 +86,9 @@ fn outputs<C: Backend>(
     x: Tensor<C, 3>,
     path: PathArg,
 ) -> Result<(Tensor<C, 3>, Option<Tensor<C, 4>>), DemoError> {
+    // Every path refuses an empty batch or sequence alike (the cached one would otherwise have
+    // no step to concatenate).
+    layer.check_input(&x, 0)?;
     Ok(match path {
         PathArg::Explicit => {
             let trace = layer.forward_traced(x)?;

@@ -55,9 +55,9 @@ pub struct GradcheckArgs {
 pub enum PathArg {
     /// Scores, mask, softmax, weighted sum (writes `attn_weights`).
     Explicit,
-    /// Burn's fused attention op.
+    /// The fused path: this crate's CPU kernel on ndarray and flex, Burn's attention op on wgpu.
     Fused,
-    /// The fused op fed one token at a time through a KV cache.
+    /// One token at a time through a KV cache (Burn's attention op over the cached keys).
     Cached,
 }
 

@@ -1,15 +1,15 @@
-//! Safetensors in and out, for the command line's files.
+//! The command line's files: tensors read from safetensors or `.pt` files, outputs written as
+//! safetensors through [`OutputFile`] (never over an input, whole or not at all).
 
 use std::path::Path;
 
 use attention_core::weights::StateDict;
 use burn::prelude::*;
-use safetensors::Dtype;
-use safetensors::tensor::TensorView;
+use tensor_files::{OutputFile, RawTensor, Tensors};
 
 use crate::DemoError;
 
-/// The float tensor `key` of the safetensors file `path`, checked for its rank.
+/// The float tensor `key` of the file `path`, checked for its rank.
 pub fn read_tensor<B: Backend, const D: usize>(
     path: &Path,
     key: &str,
@@ -20,10 +20,12 @@ pub fn read_tensor<B: Backend, const D: usize>(
         .map_err(|error| DemoError(format!("{}: {error}", path.display())))
 }
 
-/// Writes named tensors as f32 safetensors, all or nothing: into a temporary file beside `path`,
-/// renamed over it only once complete.
-pub fn write_tensors(path: &Path, tensors: Vec<(String, TensorData)>) -> Result<(), DemoError> {
-    let encoded: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+/// Writes named tensors as an f32 safetensors file.
+pub fn write_tensors(
+    output: &OutputFile,
+    tensors: Vec<(String, TensorData)>,
+) -> Result<(), DemoError> {
+    let tensors: Tensors = tensors
         .into_iter()
         .map(|(name, data)| {
             let shape = data.shape.to_vec();
@@ -31,33 +33,15 @@ pub fn write_tensors(path: &Path, tensors: Vec<(String, TensorData)>) -> Result<
                 .convert::<f32>()
                 .into_vec::<f32>()
                 .expect("f32 after convert");
-            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            (name, shape, bytes)
+            (name, RawTensor::from_f32(shape, &values))
         })
         .collect();
-    write_encoded(path, &encoded)
-}
-
-/// Writes `(name, shape, little-endian f32 bytes)` tensors through a temporary file.
-fn write_encoded(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) -> Result<(), DemoError> {
-    let views = tensors
-        .iter()
-        .map(|(name, shape, bytes)| {
-            Ok((
-                name.clone(),
-                TensorView::new(Dtype::F32, shape.clone(), bytes)?,
-            ))
-        })
-        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| DemoError(format!("{}: not a file path", path.display())))?;
-    let temporary = path.with_file_name(format!(".{}.partial", file_name.to_string_lossy()));
-    let written = safetensors::serialize_to_file(views, None, &temporary)
-        .map_err(DemoError::from)
-        .and_then(|()| std::fs::rename(&temporary, path).map_err(DemoError::from));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temporary);
-    }
-    written.map_err(|error| DemoError(format!("cannot write {}: {error}", path.display())))
+    let bytes = tensor_files::safetensors::serialize(&tensors).map_err(|error| {
+        DemoError(format!(
+            "cannot encode {}: {error}",
+            output.path().display()
+        ))
+    })?;
+    output.write_bytes(&bytes)?;
+    Ok(())
 }

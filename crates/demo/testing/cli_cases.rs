@@ -76,11 +76,22 @@ pub fn user_error(binary: &str, args: &[&str], needle: &str, output_file: &Path)
         lines[0]
     );
     assert!(!output_file.exists(), "{args:?}: no output file on error");
-    let partial = output_file.with_file_name(format!(
-        ".{}.partial",
-        output_file.file_name().unwrap().to_string_lossy()
-    ));
-    assert!(!partial.exists(), "{args:?}: no partial file left behind");
+    assert_no_partial_files(output_file);
+}
+
+/// No temporary file (`.NAME.*.partial*`) is left beside `output_file`.
+pub fn assert_no_partial_files(output_file: &Path) {
+    let prefix = format!(".{}.", output_file.file_name().unwrap().to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(output_file.parent().unwrap()) else {
+        return;
+    };
+    for entry in entries {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            !(name.starts_with(&prefix) && name.contains(".partial")),
+            "partial file {name} left behind"
+        );
+    }
 }
 
 /// Every tensor of `expected_keys` in `written` matches the fixture (atol 1e-5, rtol 1e-4).
@@ -288,7 +299,7 @@ macro_rules! cli_tests {
                     "--input",
                     gpt2,
                 ],
-                "no such file",
+                "No such file",
             );
             apply(
                 &[
@@ -299,7 +310,7 @@ macro_rules! cli_tests {
                     "--input",
                     missing.to_str().unwrap(),
                 ],
-                "no such file",
+                "No such file",
             );
             let pt = fixture("gpt2_s0_b2_t7_d16_h4.pt");
             apply(
@@ -362,7 +373,7 @@ macro_rules! cli_tests {
                     "--input",
                     gpt2,
                 ],
-                "cannot read",
+                "not a valid safetensors file",
             );
         }
 

@@ -45,7 +45,7 @@ pub fn fixture_layer<B: Backend>(
     let config = weights
         .infer_config(
             heads_of(fixture.path()),
-            fixture.mask_context_length().unwrap(),
+            fixture.mask_context_length().unwrap().unwrap(),
         )
         .unwrap();
     weights.to_layer(&config, device).unwrap()

@@ -1,0 +1,38 @@
+//! A layer's parameter gradients after `backward`, as [`AttentionParams`] (and so in either
+//! PyTorch layout).
+
+use burn::module::Param;
+use burn::nn::Linear;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+
+use super::{AttentionParams, LinearParams};
+use crate::mha::MultiHeadAttention;
+
+impl<B: AutodiffBackend> AttentionParams<B> {
+    /// The gradients of the layer's parameters after `loss.backward()`; a parameter that did not
+    /// take part in the loss gets zeros.
+    pub fn grads_of(
+        layer: &MultiHeadAttention<B>,
+        grads: &B::Gradients,
+    ) -> AttentionParams<B::InnerBackend> {
+        let grad_2 = |param: &Param<Tensor<B, 2>>| {
+            param
+                .grad(grads)
+                .unwrap_or_else(|| param.val().inner().zeros_like())
+        };
+        let linear = |layer: &Linear<B>| LinearParams {
+            weight: grad_2(&layer.weight),
+            bias: layer.bias.as_ref().map(|bias| {
+                bias.grad(grads)
+                    .unwrap_or_else(|| bias.val().inner().zeros_like())
+            }),
+        };
+        AttentionParams {
+            query: linear(&layer.query_layer),
+            key: linear(&layer.key_layer),
+            value: linear(&layer.value_layer),
+            output: linear(&layer.output_layer),
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! PyTorch weights in and out: `.safetensors` files and `torch.save(state_dict)` `.pt` files,
+//! in the source chapter's layout or Hugging Face GPT-2's.
+//!
+//! | layout | keys | weight storage |
+//! |---|---|---|
+//! | [`WeightsLayout::Chapter`] | `query_layer.weight` `[O, I]`, `query_layer.bias` `[O]` (iff `qkv_bias`), the same for `key_layer`, `value_layer`, `output_layer` (bias always), a `mask` buffer `[C, C]` (ignored) | `nn.Linear`: `[out, in]` |
+//! | [`WeightsLayout::Gpt2`] | `c_attn.weight` `[d, 3d]`, `c_attn.bias` `[3d]` (Q, K, V column blocks), `c_proj.weight` `[d, d]`, `c_proj.bias` `[d]` | `Conv1D`: `[in, out]` |
+//!
+//! Files are read by [`tensor_files`], which treats them as hostile input: strided `.pt` views
+//! load with their true values, and every declared size is checked against the file before
+//! anything is allocated.
+//!
+//! - `mod.rs`: [`StateDict`], named tensors read from a file, and [`WeightsError`].
+//! - `layout.rs`: the two layouts mapped to and from a layer ([`AttentionParams`]).
+//! - `grads.rs`: a layer's parameter gradients after `backward`, in the same layouts.
+//!
+//! ```no_run
+//! use attention_core::weights::StateDict;
+//! use burn::backend::NdArray;
+//!
+//! let device = Default::default();
+//! let dict = StateDict::load("model.pt")?;
+//! let config = dict.infer_config(2, dict.mask_context_length()?.unwrap_or(1024))?;
+//! let layer = dict.to_layer::<NdArray>(&config, &device)?;
+//! # Ok::<(), attention_core::weights::WeightsError>(())
+//! ```
+
+mod grads;
+mod layout;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::prelude::*;
+use burn::tensor::{BoolStore, DType};
+use tensor_files::{Dtype, FileError, RawTensor};
+use thiserror::Error;
+
+use crate::error::AttentionError;
+
+pub use layout::{AttentionParams, LinearParams, WeightsLayout};
+
+/// What went wrong reading weights or fitting them to a layer.
+#[derive(Debug, Error)]
+pub enum WeightsError {
+    /// The file could not be read (absent, not of its format, or a tensor that does not fit
+    /// the data the file holds).
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// The keys are neither the chapter's nor GPT-2's.
+    #[error(
+        "no attention weights found: expected `query_layer.weight` (the chapter's layout) or \
+         `c_attn.weight` (GPT-2's); the file has {keys:?}"
+    )]
+    UnknownLayout {
+        /// The keys the file has.
+        keys: Vec<String>,
+    },
+    /// A key the layer needs is absent.
+    #[error("missing key `{key}`")]
+    MissingKey {
+        /// The key.
+        key: String,
+    },
+    /// A key that the config says should not be there (a Q/K/V bias without `qkv_bias`).
+    #[error("unexpected key `{key}`: {reason}")]
+    UnexpectedKey {
+        /// The key.
+        key: String,
+        /// Why it does not fit.
+        reason: String,
+    },
+    /// A tensor's shape is not the one the layer needs.
+    #[error("`{key}` has shape {found:?}, expected {expected:?}{hint}")]
+    Shape {
+        /// The key.
+        key: String,
+        /// The shape the layer needs.
+        expected: Vec<usize>,
+        /// The shape in the file.
+        found: Vec<usize>,
+        /// Where the expectation comes from (empty, or `" (…)"`).
+        hint: String,
+    },
+    /// A tensor has another number of dimensions than its role needs.
+    #[error("`{key}` has shape {found:?}, expected a tensor of {expected} dimensions")]
+    Rank {
+        /// The key.
+        key: String,
+        /// Dimensions needed.
+        expected: usize,
+        /// The shape in the file.
+        found: Vec<usize>,
+    },
+    /// A tensor is not floating point.
+    #[error("`{key}` has dtype {dtype:?}, expected a float tensor")]
+    DType {
+        /// The key.
+        key: String,
+        /// Its dtype.
+        dtype: DType,
+    },
+    /// The config built from (or given for) the weights is invalid.
+    #[error("weights do not fit the config: {0}")]
+    Config(#[from] AttentionError),
+}
+
+impl WeightsError {
+    fn shape(key: &str, expected: &[usize], found: &[usize]) -> Self {
+        Self::Shape {
+            key: key.to_string(),
+            expected: expected.to_vec(),
+            found: found.to_vec(),
+            hint: String::new(),
+        }
+    }
+}
+
+/// A PyTorch state dict (or any safetensors file): named tensors, read eagerly.
+#[derive(Debug, Clone)]
+pub struct StateDict {
+    path: PathBuf,
+    tensors: BTreeMap<String, TensorData>,
+}
+
+impl StateDict {
+    /// Reads every tensor of a `.safetensors` file or a `torch.save` `.pt`/`.pth`/`.bin` file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, WeightsError> {
+        let path = path.as_ref();
+        let tensors = tensor_files::read(path)?
+            .into_iter()
+            .map(|(key, tensor)| (key, tensor_data(tensor)))
+            .collect();
+        Ok(Self {
+            path: path.to_path_buf(),
+            tensors,
+        })
+    }
+
+    /// A state dict from tensors already in memory (named as PyTorch names them).
+    pub fn from_tensors(tensors: impl IntoIterator<Item = (String, TensorData)>) -> Self {
+        Self {
+            path: PathBuf::from("<memory>"),
+            tensors: tensors.into_iter().collect(),
+        }
+    }
+
+    /// The file it was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The tensor names, sorted.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// The raw tensor `key`, as stored, if present.
+    pub fn data(&self, key: &str) -> Option<&TensorData> {
+        self.tensors.get(key)
+    }
+
+    /// The shape of `key`, if present.
+    pub fn shape(&self, key: &str) -> Option<&[usize]> {
+        self.tensors.get(key).map(|data| data.shape.as_slice())
+    }
+
+    /// Whether `key` is present.
+    pub fn contains(&self, key: &str) -> bool {
+        self.tensors.contains_key(key)
+    }
+
+    /// The tensor `key` as a float tensor on `device`, checked for its number of dimensions.
+    pub fn tensor<B: Backend, const D: usize>(
+        &self,
+        key: &str,
+        device: &B::Device,
+    ) -> Result<Tensor<B, D>, WeightsError> {
+        let data = self
+            .tensors
+            .get(key)
+            .ok_or_else(|| WeightsError::MissingKey {
+                key: key.to_string(),
+            })?;
+        if !data.dtype.is_float() {
+            return Err(WeightsError::DType {
+                key: key.to_string(),
+                dtype: data.dtype,
+            });
+        }
+        if data.shape.len() != D {
+            return Err(WeightsError::Rank {
+                key: key.to_string(),
+                expected: D,
+                found: data.shape.to_vec(),
+            });
+        }
+        let data = data.clone().convert::<B::FloatElem>();
+        Ok(Tensor::from_data(data, device))
+    }
+
+    /// Like [`tensor`](Self::tensor), checking the exact shape.
+    pub fn tensor_shaped<B: Backend, const D: usize>(
+        &self,
+        key: &str,
+        expected: [usize; D],
+        device: &B::Device,
+    ) -> Result<Tensor<B, D>, WeightsError> {
+        if let Some(found) = self.shape(key)
+            && found != expected
+        {
+            return Err(WeightsError::shape(key, &expected, found));
+        }
+        self.tensor(key, device)
+    }
+
+    /// The context length of the chapter's `mask` buffer `[C, C]`, if the file has one.
+    pub fn mask_context_length(&self) -> Result<Option<usize>, WeightsError> {
+        match self.shape("mask") {
+            None => Ok(None),
+            Some(&[rows, cols]) if rows == cols && rows > 0 => Ok(Some(rows)),
+            Some(found) => Err(WeightsError::Shape {
+                key: "mask".into(),
+                expected: vec![found.first().copied().unwrap_or(1).max(1); 2],
+                found: found.to_vec(),
+                hint: " (the chapter's causal mask buffer is square: [context_length, context_length])"
+                    .into(),
+            }),
+        }
+    }
+}
+
+/// A file's tensor as Burn data (the bytes are moved, not copied).
+fn tensor_data(tensor: RawTensor) -> TensorData {
+    let dtype = match tensor.dtype {
+        Dtype::F64 => DType::F64,
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::I64 => DType::I64,
+        Dtype::I32 => DType::I32,
+        Dtype::I16 => DType::I16,
+        Dtype::I8 => DType::I8,
+        Dtype::U8 => DType::U8,
+        // tensor-files stores each bool as a byte that is 0 or 1.
+        Dtype::Bool => DType::Bool(BoolStore::Native),
+    };
+    TensorData::from_bytes_vec(tensor.bytes, tensor.shape, dtype)
+}

@@ -1,0 +1,624 @@
+//! `apply` and `heatmap` as a hostile or careless user runs them: every case exits 2 with one
+//! `error:` line and no panic text, leaves every input byte for byte as it was, and writes no
+//! output (or, where the input is valid after all, the right one).
+
+#[path = "../../../crates/demo/testing/cli_cases.rs"]
+#[allow(dead_code, unused_macros)]
+mod cli_cases;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use cli_cases::{
+    assert_matches_fixture, assert_no_partial_files, fixture, run, scratch, stderr_lines,
+};
+use tensor_files::torch::{StoredView, serialize_views};
+use tensor_files::{Dtype, RawTensor, Tensors};
+
+const BIN: &str = env!("CARGO_BIN_EXE_demo-ndarray");
+const BOOK: &str = "book_s0_b2_t5_i8_o8_h2_bias";
+
+/// Every input's bytes, to compare after the run.
+fn snapshot(paths: &[&Path]) -> Vec<Option<Vec<u8>>> {
+    paths.iter().map(|p| std::fs::read(p).ok()).collect()
+}
+
+/// Runs `args`, expecting exit 2, one `error:` line containing `needle`, no panic, no change to
+/// `inputs`, and `output` as it was (absent, or the same bytes).
+fn refused(args: &[&str], needle: &str, inputs: &[&Path], output: &Path) {
+    let before = snapshot(inputs);
+    // Only a regular file is read: reading a FIFO would wait for a writer.
+    let regular = |path: &Path| std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    let output_before = regular(output).then(|| std::fs::read(output).unwrap());
+    let result = run(BIN, args);
+    let lines = stderr_lines(&result);
+    assert_eq!(result.status.code(), Some(2), "{args:?}: {lines:?}");
+    assert_eq!(lines.len(), 1, "{args:?}: one line, got {lines:?}");
+    assert!(lines[0].starts_with("error: "), "{lines:?}");
+    assert!(
+        lines[0].contains(needle),
+        "{args:?}: {:?} should say {needle:?}",
+        lines[0]
+    );
+    assert!(!lines[0].contains("panicked"), "{lines:?}");
+    assert_eq!(snapshot(inputs), before, "{args:?}: an input changed");
+    if regular(output) || output_before.is_some() {
+        assert_eq!(
+            std::fs::read(output).ok(),
+            output_before,
+            "{args:?}: the output changed"
+        );
+    }
+    assert_no_partial_files(output);
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// A copy of a fixture in `dir` (tests may damage their copies, never the fixtures).
+fn copy(dir: &Path, name: &str) -> PathBuf {
+    let to = dir.join(name);
+    std::fs::copy(fixture(name), &to).unwrap();
+    to
+}
+
+fn write_x(path: &Path, shape: Vec<usize>) {
+    let n = shape.iter().product();
+    let tensors = Tensors::from([("x".to_string(), RawTensor::from_f32(shape, &vec![0.5; n]))]);
+    std::fs::write(
+        path,
+        tensor_files::safetensors::serialize(&tensors).unwrap(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn an_output_that_is_an_input_is_refused_however_it_is_spelled() {
+    let dir = scratch("same-file");
+    let weights = copy(&dir, &format!("{BOOK}.safetensors"));
+    let pt = copy(&dir, &format!("{BOOK}.pt"));
+    let link = dir.join("link.safetensors");
+    std::os::unix::fs::symlink(&weights, &link).unwrap();
+    let hard = dir.join("hard.safetensors");
+    std::fs::hard_link(&weights, &hard).unwrap();
+    let respelled = dir
+        .join(".")
+        .join("..")
+        .join(dir.file_name().unwrap())
+        .join(weights.file_name().unwrap());
+    let inputs = [weights.as_path(), pt.as_path()];
+    for (output, role) in [
+        (&weights, "--weights"),
+        (&link, "--weights"),
+        (&hard, "--weights"),
+        (&respelled, "--weights"),
+    ] {
+        refused(
+            &[
+                "apply",
+                "--weights",
+                s(&weights),
+                "--input",
+                s(&pt),
+                "--num-heads",
+                "2",
+                "--output",
+                s(output),
+            ],
+            &format!("same file as {role}"),
+            &inputs,
+            output,
+        );
+    }
+    // One file may serve as weights, input and cotangent; the output may be none of them.
+    for (role, args) in [
+        (
+            "--input",
+            [
+                "--weights",
+                s(&pt),
+                "--input",
+                s(&weights),
+                "--cotangent",
+                s(&pt),
+            ],
+        ),
+        (
+            "--cotangent",
+            [
+                "--weights",
+                s(&pt),
+                "--input",
+                s(&pt),
+                "--cotangent",
+                s(&weights),
+            ],
+        ),
+    ] {
+        let mut full = vec!["apply", "--num-heads", "2", "--output", s(&link)];
+        full.extend(args);
+        refused(&full, &format!("same file as {role}"), &inputs, &link);
+    }
+    refused(
+        &[
+            "heatmap",
+            "--weights",
+            s(&weights),
+            "--input",
+            s(&weights),
+            "--num-heads",
+            "2",
+            "--output",
+            s(&hard),
+        ],
+        "same file as --weights",
+        &inputs,
+        &hard,
+    );
+}
+
+#[test]
+fn an_output_that_is_not_a_regular_file_is_refused() {
+    let dir = scratch("not-regular");
+    let weights = copy(&dir, &format!("{BOOK}.safetensors"));
+    let fifo = dir.join("fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let directory = dir.join("a-directory");
+    std::fs::create_dir(&directory).unwrap();
+    std::fs::write(directory.join("keep"), "kept").unwrap();
+    for (output, kind) in [
+        (fifo.as_path(), "a FIFO"),
+        (directory.as_path(), "a directory"),
+        (Path::new("/dev/null"), "a device"),
+    ] {
+        refused(
+            &[
+                "apply",
+                "--weights",
+                s(&weights),
+                "--input",
+                s(&weights),
+                "--num-heads",
+                "2",
+                "--output",
+                s(output),
+            ],
+            kind,
+            &[weights.as_path()],
+            output,
+        );
+    }
+    assert!(
+        !std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_file()
+    );
+    assert_eq!(
+        std::fs::read_to_string(directory.join("keep")).unwrap(),
+        "kept"
+    );
+}
+
+#[test]
+fn a_link_planted_at_the_old_temporary_name_is_never_followed() {
+    let dir = scratch("planted-link");
+    let weights = copy(&dir, &format!("{BOOK}.safetensors"));
+    let victim = dir.join("victim.txt");
+    std::fs::write(&victim, "precious").unwrap();
+    let out = dir.join("out.safetensors");
+    std::os::unix::fs::symlink(&victim, dir.join(".out.safetensors.partial")).unwrap();
+    let result = run(
+        BIN,
+        &[
+            "apply",
+            "--weights",
+            s(&weights),
+            "--input",
+            s(&weights),
+            "--num-heads",
+            "2",
+            "--output",
+            s(&out),
+        ],
+    );
+    assert!(result.status.success(), "{:?}", stderr_lines(&result));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert_matches_fixture(&out, &weights, &["y", "attn_weights"]);
+}
+
+/// The chapter's weights saved as PyTorch saves `w.t().contiguous().t()`: column-major views.
+fn column_major_pt(dir: &Path) -> PathBuf {
+    let source = tensor_files::read(&fixture(&format!("{BOOK}.safetensors"))).unwrap();
+    let mut views = Vec::new();
+    let mut records = Vec::new();
+    for (i, (key, tensor)) in source
+        .iter()
+        .filter(|(k, _)| k.ends_with("weight") || k.ends_with("bias"))
+        .enumerate()
+    {
+        let storage = i.to_string();
+        let (stride, bytes) = match tensor.shape[..] {
+            [rows, cols] => {
+                // The storage holds the transpose, row-major: element (r, c) at c · rows + r.
+                let mut bytes = vec![0u8; tensor.bytes.len()];
+                for r in 0..rows {
+                    for c in 0..cols {
+                        let (from, to) = ((r * cols + c) * 4, (c * rows + r) * 4);
+                        bytes[to..to + 4].copy_from_slice(&tensor.bytes[from..from + 4]);
+                    }
+                }
+                (vec![1, rows as i64], bytes)
+            }
+            _ => (vec![1], tensor.bytes.clone()),
+        };
+        views.push(StoredView {
+            key: key.clone(),
+            storage: storage.clone(),
+            dtype: Dtype::F32,
+            storage_numel: tensor.numel() as i64,
+            offset: 0,
+            shape: tensor.shape.iter().map(|&d| d as i64).collect(),
+            stride,
+        });
+        records.push((storage, bytes));
+    }
+    let path = dir.join("column-major.pt");
+    std::fs::write(&path, serialize_views(&views, &records)).unwrap();
+    path
+}
+
+#[test]
+fn strided_pt_weights_give_pytorchs_numbers() {
+    let dir = scratch("strided");
+    let weights = column_major_pt(&dir);
+    let out = dir.join("out.safetensors");
+    let input = fixture(&format!("{BOOK}.safetensors"));
+    let result = run(
+        BIN,
+        &[
+            "apply",
+            "--weights",
+            s(&weights),
+            "--input",
+            s(&input),
+            "--num-heads",
+            "2",
+            "--output",
+            s(&out),
+        ],
+    );
+    assert!(result.status.success(), "{:?}", stderr_lines(&result));
+    assert_matches_fixture(&out, &input, &["y", "attn_weights"]);
+}
+
+#[test]
+fn hostile_pt_layouts_are_refused_naming_the_tensor() {
+    let dir = scratch("hostile-pt");
+    let input = copy(&dir, &format!("{BOOK}.safetensors"));
+    let out = dir.join("out.safetensors");
+    let view = |offset: i64, shape: &[i64], stride: &[i64], numel: i64| StoredView {
+        key: "query_layer.weight".into(),
+        storage: "0".into(),
+        dtype: Dtype::F32,
+        storage_numel: numel,
+        offset,
+        shape: shape.to_vec(),
+        stride: stride.to_vec(),
+    };
+    let cases: [(&str, StoredView, usize, &str); 6] = [
+        (
+            "short storage",
+            view(0, &[8, 8], &[8, 1], 60),
+            60,
+            "needs 64 elements",
+        ),
+        (
+            "offset past storage",
+            view(100, &[8, 8], &[8, 1], 64),
+            64,
+            "needs 164 elements",
+        ),
+        (
+            "negative stride",
+            view(63, &[8, 8], &[-8, 1], 64),
+            64,
+            "stride[0] is negative",
+        ),
+        (
+            "record shorter than declared",
+            view(0, &[8, 8], &[8, 1], 64),
+            10,
+            "holds 40 bytes, 256 expected",
+        ),
+        (
+            "2^20 x 2^20 over 64 elements",
+            view(0, &[1 << 20, 1 << 20], &[1 << 20, 1], 64),
+            64,
+            "holds 64",
+        ),
+        (
+            "missing record",
+            view(0, &[8, 8], &[8, 1], 64),
+            0,
+            "is missing",
+        ),
+    ];
+    for (what, view, record_elements, needle) in cases {
+        let records = if record_elements == 0 {
+            vec![]
+        } else {
+            vec![("0".to_string(), vec![0u8; record_elements * 4])]
+        };
+        let weights = dir.join("hostile.pt");
+        std::fs::write(&weights, serialize_views(&[view], &records)).unwrap();
+        refused(
+            &[
+                "apply",
+                "--weights",
+                s(&weights),
+                "--input",
+                s(&input),
+                "--num-heads",
+                "2",
+                "--output",
+                s(&out),
+            ],
+            needle,
+            &[weights.as_path(), input.as_path()],
+            &out,
+        );
+        assert!(!out.exists(), "{what}");
+    }
+}
+
+#[test]
+fn a_deflate_bomb_is_refused_in_bounded_memory() {
+    // A 3 GiB record of zeros deflated to a few MB, declared as one 3 GiB tensor. Under a 2 GB
+    // address-space limit the reader must say it cannot allocate, not abort.
+    let dir = scratch("bomb");
+    let weights = dir.join("bomb.pt");
+    let numel: i64 = 3 << 28; // 3 GiB of f32
+    let view = StoredView {
+        key: "query_layer.weight".into(),
+        storage: "0".into(),
+        dtype: Dtype::F32,
+        storage_numel: numel,
+        offset: 0,
+        shape: vec![numel],
+        stride: vec![1],
+    };
+    let plain = serialize_views(&[view], &[]);
+    let mut plain = zip::ZipArchive::new(std::io::Cursor::new(plain)).unwrap();
+    let mut pickle = Vec::new();
+    std::io::Read::read_to_end(&mut plain.by_name("archive/data.pkl").unwrap(), &mut pickle)
+        .unwrap();
+    let mut zip = zip::ZipWriter::new(std::fs::File::create(&weights).unwrap());
+    let stored =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    let deflated = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .compression_level(Some(1))
+        .large_file(true);
+    zip.start_file("archive/data.pkl", stored).unwrap();
+    zip.write_all(&pickle).unwrap();
+    zip.start_file("archive/data/0", deflated).unwrap();
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..3 * 1024 {
+        zip.write_all(&zeros).unwrap();
+    }
+    zip.finish().unwrap();
+    assert!(std::fs::metadata(&weights).unwrap().len() < 64 << 20);
+    let input = copy(&dir, &format!("{BOOK}.safetensors"));
+    let out = dir.join("out.safetensors");
+    let script = "ulimit -v 2000000 && exec \"$0\" \"$@\"";
+    let result = std::process::Command::new("sh")
+        .args([
+            "-c",
+            script,
+            BIN,
+            "apply",
+            "--weights",
+            s(&weights),
+            "--input",
+            s(&input),
+        ])
+        .args(["--num-heads", "2", "--output", s(&out)])
+        .output()
+        .unwrap();
+    let lines = stderr_lines(&result);
+    assert_eq!(result.status.code(), Some(2), "{lines:?}");
+    assert!(lines[0].contains("could not be allocated"), "{lines:?}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn ten_thousand_unused_tensors_load_in_linear_time() {
+    // A hang guard, not a benchmark: the quadratic loader took minutes on this file.
+    let dir = scratch("many");
+    let mut tensors = tensor_files::read(&fixture(&format!("{BOOK}.safetensors"))).unwrap();
+    for i in 0..10_000 {
+        tensors.insert(
+            format!("unused.{i}"),
+            RawTensor::from_f32(vec![1], &[i as f32]),
+        );
+    }
+    let started = std::time::Instant::now();
+    for (name, bytes) in [
+        ("many.pt", tensor_files::torch::serialize(&tensors)),
+        (
+            "many.safetensors",
+            tensor_files::safetensors::serialize(&tensors).unwrap(),
+        ),
+    ] {
+        let weights = dir.join(name);
+        std::fs::write(&weights, bytes).unwrap();
+        let out = dir.join(format!("{name}.out.safetensors"));
+        let result = run(
+            BIN,
+            &[
+                "apply",
+                "--weights",
+                s(&weights),
+                "--input",
+                s(&weights),
+                "--num-heads",
+                "2",
+                "--output",
+                s(&out),
+            ],
+        );
+        assert!(
+            result.status.success(),
+            "{name}: {:?}",
+            stderr_lines(&result)
+        );
+    }
+    assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
+}
+
+#[test]
+fn inputs_that_would_panic_or_exhaust_memory_are_one_line_errors() {
+    let dir = scratch("sizes");
+    let weights = copy(&dir, &format!("{BOOK}.safetensors"));
+    let out = dir.join("out.safetensors");
+    let empty_batch = dir.join("empty-batch.safetensors");
+    write_x(&empty_batch, vec![0, 5, 8]);
+    let empty_seq = dir.join("empty-seq.safetensors");
+    write_x(&empty_seq, vec![2, 0, 8]);
+    let long = dir.join("long.safetensors");
+    write_x(&long, vec![1, 60_000, 8]);
+    let apply = |input: &Path, extra: &[&str], needle: &str| {
+        let mut args = vec![
+            "apply",
+            "--weights",
+            s(&weights),
+            "--input",
+            s(input),
+            "--num-heads",
+            "2",
+            "--output",
+            s(&out),
+        ];
+        args.extend_from_slice(extra);
+        refused(&args, needle, &[weights.as_path(), input], &out);
+    };
+    apply(&empty_batch, &["--path", "explicit"], "batch = 0");
+    apply(&empty_batch, &["--path", "fused"], "batch = 0");
+    apply(&empty_seq, &["--path", "cached"], "seq = 0");
+    apply(
+        &long,
+        &["--path", "explicit", "--context-length", "60000"],
+        "use the fused path",
+    );
+
+    // A mask buffer that is not [C, C].
+    let mut tensors = tensor_files::read(&weights).unwrap();
+    tensors.insert("mask".into(), RawTensor::from_f32(vec![], &[1.0]));
+    let scalar_mask = dir.join("scalar-mask.safetensors");
+    std::fs::write(
+        &scalar_mask,
+        tensor_files::safetensors::serialize(&tensors).unwrap(),
+    )
+    .unwrap();
+    refused(
+        &[
+            "apply",
+            "--weights",
+            s(&scalar_mask),
+            "--input",
+            s(&weights),
+            "--num-heads",
+            "2",
+            "--output",
+            s(&out),
+        ],
+        "`mask` has shape []",
+        &[scalar_mask.as_path()],
+        &out,
+    );
+
+    // Heatmap: an empty batch, and weights that make NaN.
+    let heatmap_out = dir.join("map.png");
+    refused(
+        &[
+            "heatmap",
+            "--weights",
+            s(&weights),
+            "--input",
+            s(&empty_batch),
+            "--num-heads",
+            "2",
+            "--output",
+            s(&heatmap_out),
+        ],
+        "empty batch",
+        &[weights.as_path()],
+        &heatmap_out,
+    );
+    let mut tensors = tensor_files::read(&weights).unwrap();
+    let nan = RawTensor::from_f32(vec![8, 8], &[f32::NAN; 64]);
+    tensors.insert("query_layer.weight".into(), nan);
+    let nan_weights = dir.join("nan.safetensors");
+    std::fs::write(
+        &nan_weights,
+        tensor_files::safetensors::serialize(&tensors).unwrap(),
+    )
+    .unwrap();
+    refused(
+        &[
+            "heatmap",
+            "--weights",
+            s(&nan_weights),
+            "--input",
+            s(&weights),
+            "--num-heads",
+            "2",
+            "--output",
+            s(&heatmap_out),
+        ],
+        "not finite",
+        &[nan_weights.as_path()],
+        &heatmap_out,
+    );
+}
+
+#[test]
+fn a_huge_context_length_runs_the_cache_on_demand() {
+    let dir = scratch("huge-context");
+    let weights = copy(&dir, &format!("{BOOK}.safetensors"));
+    for context in ["1000000000", "18446744073709551615"] {
+        let out = dir.join(format!("out-{}.safetensors", context.len()));
+        let result = run(
+            BIN,
+            &[
+                "apply",
+                "--weights",
+                s(&weights),
+                "--input",
+                s(&weights),
+                "--num-heads",
+                "2",
+                "--output",
+                s(&out),
+                "--path",
+                "cached",
+                "--context-length",
+                context,
+            ],
+        );
+        assert!(
+            result.status.success(),
+            "{context}: {:?}",
+            stderr_lines(&result)
+        );
+        assert_matches_fixture(&out, &weights, &["y"]);
+    }
+}
