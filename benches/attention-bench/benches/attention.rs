@@ -2,13 +2,24 @@
 //! grouped as `backend/impl/mode/shape`. The large shapes take minutes each on a small CPU:
 //! filter, e.g. `cargo bench -p attention-bench -- 'flex/fused/fwd'`.
 
-use attention_backends::{Flex, NdArray, Wgpu, wgpu_device};
+use attention_backends::{BackendName, OnBackend, dispatch};
 use attention_bench::{Impl, Mode, STANDARD_SHAPES, Shape, prepare, supports};
 use burn::prelude::*;
 use criterion::{Criterion, criterion_group, criterion_main};
 
 const IMPLS: [Impl; 3] = [Impl::Explicit, Impl::Fused, Impl::BurnNn];
 const MODES: [Mode; 3] = [Mode::Fwd, Mode::Fwdbwd, Mode::Decode];
+
+/// Every implementation × mode × shape on one backend.
+struct Suite<'a>(&'a mut Criterion);
+
+impl OnBackend for Suite<'_> {
+    type Output = ();
+
+    fn run<B: Backend>(self, name: &'static str, device: B::Device) {
+        backend::<B>(self.0, name, &device);
+    }
+}
 
 fn backend<B: Backend>(c: &mut Criterion, name: &str, device: &B::Device) {
     for implementation in IMPLS {
@@ -34,11 +45,10 @@ fn backend<B: Backend>(c: &mut Criterion, name: &str, device: &B::Device) {
 }
 
 fn all_backends(c: &mut Criterion) {
-    backend::<NdArray>(c, "ndarray", &Default::default());
-    backend::<Flex>(c, "flex", &Default::default());
-    match wgpu_device() {
-        Ok(device) => backend::<Wgpu>(c, "wgpu", &device),
-        Err(no_adapter) => eprintln!("wgpu skipped: {no_adapter}"),
+    for backend in BackendName::ALL {
+        if let Err(no_adapter) = dispatch(backend, Suite(c)) {
+            eprintln!("{} skipped: {no_adapter}", backend.name());
+        }
     }
 }
 

@@ -220,8 +220,53 @@ fn forward_fn<B: Backend>(
     }
 }
 
-/// Whether `implementation` can run `mode` at `shape`, without preparing anything.
+/// A rough upper bound of the bytes `implementation` holds at once in `mode` at `shape`: the
+/// input, the weights, the projections, and for paths that materialize them the `[batch, heads,
+/// seq, seq]` scores (several copies); three times that under autodiff.
+pub fn estimated_bytes(implementation: Impl, mode: Mode, shape: Shape) -> u128 {
+    let [batch, seq, dim, heads] =
+        [shape.batch, shape.seq, shape.dim, shape.heads].map(|n| n as u128);
+    let activations = 8 * batch * seq * dim + 4 * dim * dim;
+    let scores = match (implementation, mode) {
+        (_, Mode::Decode) | (Impl::Fused, _) => 0,
+        _ => 4 * batch * heads * seq * seq,
+    };
+    let bytes = 4 * (activations + scores);
+    if mode == Mode::Fwdbwd {
+        3 * bytes
+    } else {
+        bytes
+    }
+}
+
+/// The memory this machine has available (Linux's `MemAvailable`), or 16 GiB where unknown.
+fn available_bytes() -> u128 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            info.lines().find_map(|line| {
+                line.strip_prefix("MemAvailable:")
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u128>().ok())
+            })
+        })
+        .map_or(16 << 30, |kib| kib * 1024)
+}
+
+/// Whether `implementation` can run `mode` at `shape`, without preparing anything: refused when
+/// it has no such mode, or when its buffers would not fit in the memory available.
 pub fn supports(implementation: Impl, mode: Mode, shape: Shape) -> Result<(), Unsupported> {
+    let needed = estimated_bytes(implementation, mode, shape);
+    let available = available_bytes();
+    if needed > available {
+        let gib = |bytes: u128| bytes as f64 / (1u64 << 30) as f64;
+        return Err(Unsupported(format!(
+            "{shape}: {} {} needs about {:.1} GiB, more than the {:.1} GiB available",
+            implementation.name(),
+            mode.name(),
+            gib(needed),
+            gib(available)
+        )));
+    }
     if mode != Mode::Decode {
         return Ok(());
     }

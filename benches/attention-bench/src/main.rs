@@ -9,23 +9,16 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use attention_backends::{Flex, NdArray, Wgpu, wgpu_device};
+use attention_backends::{BackendName, OnBackend, dispatch};
 use attention_bench::{Impl, Mode, Shape, Unsupported, prepare};
 use burn::prelude::*;
-use clap::{Parser, ValueEnum};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum BackendArg {
-    Ndarray,
-    Flex,
-    Wgpu,
-}
+use clap::Parser;
 
 /// Times causal self-attention; prints one JSON object per shape.
 #[derive(Debug, Parser)]
 struct Args {
     #[arg(long, value_enum)]
-    backend: BackendArg,
+    backend: BackendName,
     #[arg(long = "impl", value_enum)]
     implementation: Impl,
     #[arg(long, value_enum)]
@@ -41,20 +34,25 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let outcome = match args.backend {
-        BackendArg::Ndarray => run::<NdArray>("ndarray", &Default::default(), &args),
-        BackendArg::Flex => run::<Flex>("flex", &Default::default(), &args),
-        BackendArg::Wgpu => match wgpu_device() {
-            Ok(device) => run::<Wgpu>("wgpu", &device, &args),
-            Err(no_adapter) => Err(Unsupported(no_adapter.to_string())),
-        },
-    };
+    let outcome = dispatch(args.backend, Runner(&args))
+        .unwrap_or_else(|no_adapter| Err(Unsupported(no_adapter.to_string())));
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// The runner on the backend `--backend` names.
+struct Runner<'a>(&'a Args);
+
+impl OnBackend for Runner<'_> {
+    type Output = Result<(), Unsupported>;
+
+    fn run<B: Backend>(self, name: &'static str, device: B::Device) -> Self::Output {
+        run::<B>(name, &device, self.0)
     }
 }
 

@@ -112,3 +112,33 @@ fn a_bad_shape_is_one_clear_error() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("2 heads do not divide 5"));
 }
+
+/// Shapes whose buffers could never fit are refused in one line before anything is allocated
+/// (they aborted on the allocation before).
+#[test]
+fn shapes_too_large_for_memory_are_refused() {
+    for (implementation, mode, shape) in [
+        ("fused", "fwd", "1x100000000000x768x12"),
+        ("explicit", "fwd", "1x1000000x64x1"),
+        ("burn-nn", "fwdbwd", "18446744073709551615x2x2x1"),
+        ("fused", "decode", "64x1000000000x768x12"),
+    ] {
+        let output = Command::new(BIN)
+            .args([
+                "--backend",
+                "ndarray",
+                "--impl",
+                implementation,
+                "--mode",
+                mode,
+            ])
+            .args(["--shape", shape, "--repeats", "1"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let what = format!("{implementation}/{mode}/{shape}");
+        assert_eq!(output.status.code(), Some(2), "{what}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{what}: {stderr}");
+        assert!(stderr.contains("GiB available"), "{what}: {stderr}");
+    }
+}

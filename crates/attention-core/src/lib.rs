@@ -21,7 +21,8 @@
 //! ```
 //!
 //! - [`MultiHeadAttentionConfig`] / [`MultiHeadAttention`]: the layer (`mha.rs`).
-//! - [`AttentionPath`]: the explicit and the fused attention core (`attend.rs`).
+//! - [`AttentionPath`]: the explicit and the fused attention core (`attend.rs`); which code runs
+//!   for a path on a backend is decided in one place, `route.rs`.
 //! - [`mask`]: causal and key-padding masks.
 //! - `flash/`: the CPU kernel behind the fused path on ndarray and burn-flex, with its own
 //!   backward pass.
@@ -35,9 +36,13 @@ mod error;
 mod flash;
 pub mod mask;
 mod mha;
+mod route;
 pub mod weights;
 
 pub use attend::{AttentionPath, masked_softmax};
 pub use cache::KvCache;
 pub use error::AttentionError;
-pub use mha::{AttentionInput, AttentionTrace, MultiHeadAttention, MultiHeadAttentionConfig};
+pub use mha::{
+    AttentionInput, AttentionTrace, EXPLICIT_SCORES_LIMIT, MultiHeadAttention,
+    MultiHeadAttentionConfig,
+};

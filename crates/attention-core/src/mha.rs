@@ -8,6 +8,7 @@ use crate::attend::{self, AttentionPath, AttentionScores};
 use crate::cache::KvCache;
 use crate::error::AttentionError;
 use crate::flash::{self, FlashInputs};
+use crate::route::{Call, Route, route};
 
 /// Configuration of a causal [`MultiHeadAttention`] layer, with the parameter names of the source
 /// chapter's `MultiHeadAttention(input_dim, output_dim, context_length, dropout, num_heads,
@@ -236,8 +237,8 @@ impl<B: Backend> MultiHeadAttention<B> {
 
     /// Causal self-attention over `x`, or the reason `x` does not fit the layer.
     ///
-    /// Takes the fused path for inference, the explicit one under autodiff (see
-    /// [`AttentionPath::Auto`]).
+    /// Takes [`AttentionPath::Auto`]: the fused path, except under autodiff with active dropout
+    /// or on a backend without a fused backward of this crate's (see [`AttentionPath::Auto`]).
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, input_dim]` with `1 ≤ seq ≤ context_length`
@@ -270,25 +271,36 @@ impl<B: Backend> MultiHeadAttention<B> {
                 });
             }
         }
-        let path = self.resolve(path);
-        if path == AttentionPath::Fused && flash::supports::<B>() {
-            let [q, k, v] = self.project_qkv(x);
-            let context = flash::causal_attention(FlashInputs {
-                query: q,
-                key: k,
-                value: v,
-                heads: self.num_heads,
-                key_padding,
-            });
-            return Ok(self.output_layer.forward(context));
+        let route = self.route(path, Call::Full);
+        if route == Route::Explicit {
+            let [batch, seq, _] = x.dims();
+            check_explicit_size([batch, self.num_heads, seq, seq])?;
         }
-        let [q, k, v] = self.project_heads(x);
-        let context = match path {
-            AttentionPath::Explicit => {
+        let context = match route {
+            Route::CpuKernel => {
+                let [batch, seq, _] = x.dims();
+                let width = self.num_heads * self.head_dim();
+                let [q, k, v] = self
+                    .project(x, HeadLayout::SideBySide)
+                    .map(|t| t.reshape([batch, seq, width]));
+                let context = flash::causal_attention(FlashInputs {
+                    query: q,
+                    key: k,
+                    value: v,
+                    heads: self.num_heads,
+                    key_padding,
+                });
+                return Ok(self.output_layer.forward(context));
+            }
+            Route::Explicit => {
+                let [q, k, v] = self.project(x, HeadLayout::Split);
                 let mask = attend::mask_for(&q, 0, key_padding);
                 attend::explicit(q, k, v, mask, &self.dropout).context
             }
-            _ => attend::fused(q, k, v, key_padding),
+            Route::BurnOp => {
+                let [q, k, v] = self.project(x, HeadLayout::Split);
+                attend::fused(q, k, v, key_padding)
+            }
         };
         Ok(self.merge_and_project(context))
     }
@@ -301,7 +313,9 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// - output: see [`AttentionTrace`]
     pub fn forward_traced(&self, x: Tensor<B, 3>) -> Result<AttentionTrace<B>, AttentionError> {
         self.check_input(&x, 0)?;
-        let [q, k, v] = self.project_heads(x);
+        let [batch, seq, _] = x.dims();
+        check_explicit_size([batch, self.num_heads, seq, seq])?;
+        let [q, k, v] = self.project(x, HeadLayout::Split);
         let mask = attend::mask_for(&q, 0, None);
         let AttentionScores {
             context,
@@ -317,7 +331,8 @@ impl<B: Backend> MultiHeadAttention<B> {
         })
     }
 
-    /// An empty [`KvCache`] for this layer, with room for `context_length` positions.
+    /// An empty [`KvCache`] for this layer: up to `context_length` positions, memory allocated as
+    /// they come.
     pub fn new_cache(&self) -> KvCache<B> {
         KvCache::new(self.num_heads, self.head_dim(), self.context_length)
     }
@@ -357,16 +372,22 @@ impl<B: Backend> MultiHeadAttention<B> {
     ) -> Result<Tensor<B, 3>, AttentionError> {
         cache.check_layout(self.num_heads, self.head_dim(), self.context_length)?;
         self.check_input(&x_new, cache.len())?;
-        cache.check_batch(x_new.dims()[0])?;
+        let [batch, new, _] = x_new.dims();
+        cache.check_batch(batch)?;
+        let allocate = cache.plan(batch, new)?;
         let past = cache.len();
-        let [q, k, v] = self.project_heads(x_new);
-        let (keys, values) = cache.append(k, v);
-        let context = match self.resolve(path) {
-            AttentionPath::Explicit => {
+        let route = self.route(path, Call::Cached);
+        if route == Route::Explicit {
+            check_explicit_size([batch, self.num_heads, new, past + new])?;
+        }
+        let [q, k, v] = self.project(x_new, HeadLayout::Split);
+        let (keys, values) = cache.append(k, v, allocate);
+        let context = match route {
+            Route::Explicit => {
                 let mask = attend::mask_for(&q, past, None);
                 attend::explicit(q, keys, values, mask, &self.dropout).context
             }
-            _ => attend::fused(q, keys, values, None),
+            Route::BurnOp | Route::CpuKernel => attend::fused(q, keys, values, None),
         };
         let output = self.merge_and_project(context);
         // Burn 0.21's lazy wgpu (fusion) backend lets work of the next step overtake this step's
@@ -377,15 +398,18 @@ impl<B: Backend> MultiHeadAttention<B> {
         Ok(output)
     }
 
-    /// Checks `x` against the layer: its width, a non-empty sequence, and room in the context
-    /// after `past` cached positions.
-    fn check_input(&self, x: &Tensor<B, 3>, past: usize) -> Result<(), AttentionError> {
-        let [_, seq, features] = x.dims();
+    /// Checks `x` against the layer: its width, a non-empty batch and sequence, and room in the
+    /// context after `past` cached positions.
+    pub fn check_input(&self, x: &Tensor<B, 3>, past: usize) -> Result<(), AttentionError> {
+        let [batch, seq, features] = x.dims();
         if features != self.input_dim() {
             return Err(AttentionError::InputDim {
                 expected: self.input_dim(),
                 found: features,
             });
+        }
+        if batch == 0 {
+            return Err(AttentionError::EmptyBatch);
         }
         if seq == 0 {
             return Err(AttentionError::EmptySequence);
@@ -399,42 +423,36 @@ impl<B: Backend> MultiHeadAttention<B> {
         Ok(())
     }
 
-    /// What [`AttentionPath::Auto`] means for this layer on `B`.
-    fn resolve(&self, path: AttentionPath) -> AttentionPath {
-        if path != AttentionPath::Auto {
-            return path;
-        }
+    /// What computes this call's attention core (see [`crate::route`]).
+    fn route(&self, path: AttentionPath, call: Call) -> Route {
         let training = B::ad_enabled(&self.output_layer.weight.device());
-        let dropout_active = training && self.dropout.prob > 0.0;
-        if !training || (!dropout_active && flash::supports::<B>()) {
-            AttentionPath::Fused
-        } else {
-            AttentionPath::Explicit
-        }
+        route::<B>(path, call, training, training && self.dropout.prob > 0.0)
     }
 
-    /// Projects `x` to queries, keys and values, the heads side by side.
+    /// The one projection step of every path: queries, keys and values from `x`, each split into
+    /// heads in `layout` as soon as it is made.
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, input_dim]`
-    /// - output: three `[batch, seq, output_dim]`
-    fn project_qkv(&self, x: Tensor<B, 3>) -> [Tensor<B, 3>; 3] {
-        [&self.query_layer, &self.key_layer, &self.value_layer]
-            .map(|layer| layer.forward(x.clone()))
-    }
-
-    /// Projects `x` to queries, keys and values, split into heads.
+    /// - output: three `[batch, seq, heads, head_dim]` ([`HeadLayout::SideBySide`]) or
+    ///   `[batch, heads, seq, head_dim]` ([`HeadLayout::Split`])
     ///
-    /// # Shapes
-    /// - `x`: `[batch, seq, input_dim]`
-    /// - output: three `[batch, heads, seq, head_dim]`
-    ///
-    /// Each projection is split as soon as it is made: projecting all three first and splitting
-    /// afterwards gives wrong `output_layer` weight gradients on Burn 0.21's wgpu (fusion)
-    /// backend for a one-token sequence (`parity.rs`, `book_s0_b1_t1_i4_o4_h1_bias`).
-    fn project_heads(&self, x: Tensor<B, 3>) -> [Tensor<B, 4>; 3] {
-        [&self.query_layer, &self.key_layer, &self.value_layer]
-            .map(|layer| split_heads(layer.forward(x.clone()), self.num_heads))
+    /// Splitting each projection as soon as it is made matters: projecting all three first and
+    /// splitting afterwards gives wrong `output_layer` weight gradients on Burn 0.21's wgpu
+    /// (fusion) backend for a one-token sequence (`parity.rs`, `book_s0_b1_t1_i4_o4_h1_bias`).
+    fn project(&self, x: Tensor<B, 3>, layout: HeadLayout) -> [Tensor<B, 4>; 3] {
+        let [batch, seq, _] = x.dims();
+        let (heads, head_dim) = (self.num_heads, self.head_dim());
+        [&self.query_layer, &self.key_layer, &self.value_layer].map(|layer| {
+            let side_by_side = layer
+                .forward(x.clone())
+                .reshape([batch, seq, heads, head_dim]);
+            match layout {
+                HeadLayout::SideBySide => side_by_side,
+                // `view(b, t, h, hd).transpose(1, 2)`: head `j` owns features `[j·hd, (j+1)·hd)`.
+                HeadLayout::Split => side_by_side.swap_dims(1, 2),
+            }
+        })
     }
 
     /// Merges the heads' contexts and applies the output projection.
@@ -447,18 +465,37 @@ impl<B: Backend> MultiHeadAttention<B> {
     }
 }
 
-/// `view(b, t, h, hd).transpose(1, 2)`: head `j` owns features `[j·hd, (j+1)·hd)`.
-///
-/// # Shapes
-/// - `x`: `[batch, seq, heads · head_dim]`
-/// - output: `[batch, heads, seq, head_dim]`
-fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
-    let [batch, seq, width] = x.dims();
-    x.reshape([batch, seq, heads, width / heads])
-        .swap_dims(1, 2)
+/// The largest `[batch, heads, queries, keys]` tensor, in bytes (as `f32`), that the explicit
+/// path materializes; it holds several at once (scores, masked scores, weights, the mask). Larger
+/// requests are refused with [`AttentionError::ExplicitTooLarge`] instead of exhausting memory:
+/// the fused path computes the same result in `O(seq)` memory.
+pub const EXPLICIT_SCORES_LIMIT: usize = 4 << 30;
+
+/// Refuses explicit attention over `[batch, heads, queries, keys]` scores larger than
+/// [`EXPLICIT_SCORES_LIMIT`].
+fn check_explicit_size(shape: [usize; 4]) -> Result<(), AttentionError> {
+    let bytes = shape
+        .iter()
+        .try_fold(4usize, |bytes, &n| bytes.checked_mul(n));
+    match bytes {
+        Some(bytes) if bytes <= EXPLICIT_SCORES_LIMIT => Ok(()),
+        _ => Err(AttentionError::ExplicitTooLarge {
+            shape,
+            gib: shape.iter().map(|&n| n as f64).product::<f64>() * 4.0 / (1u64 << 30) as f64,
+        }),
+    }
 }
 
-/// The inverse of [`split_heads`]: `transpose(1, 2).reshape(b, t, h·hd)`.
+/// How [`MultiHeadAttention::project`] lays out the heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HeadLayout {
+    /// `[batch, seq, heads, head_dim]`: the projection's memory as it is (the CPU kernel's).
+    SideBySide,
+    /// `[batch, heads, seq, head_dim]`: PyTorch's `transpose(1, 2)` (the tensor ops' layout).
+    Split,
+}
+
+/// The inverse of the head split: `transpose(1, 2).reshape(b, t, h·hd)`.
 ///
 /// # Shapes
 /// - `x`: `[batch, heads, seq, head_dim]`

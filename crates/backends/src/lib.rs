@@ -1,7 +1,12 @@
 //! The backends this workspace runs on, named in one place, and a probe that tells whether wgpu
 //! has an adapter *before* Burn's wgpu runtime would panic for the lack of one.
 //!
-//! Tests instantiate generic bodies per backend with [`backend_tests!`].
+//! - [`BackendName`]: the list, as every binary's `--backend` flag takes it.
+//! - [`dispatch`]: runs code generic over the backend ([`OnBackend`]) on the one a name picks.
+//! - [`backend_tests!`]: instantiates generic test bodies on every backend.
+//!
+//! Adding a backend: a variant of [`BackendName`], its arm in [`dispatch`], its module in
+//! [`backend_tests!`] — and, for a CPU backend, its entry in attention-core's kernel route.
 #![warn(missing_docs)]
 
 pub mod compare;
@@ -20,6 +25,55 @@ pub type Wgpu = burn::backend::Wgpu;
 pub use burn::backend::Autodiff;
 /// The device type of [`Wgpu`].
 pub use burn::backend::wgpu::WgpuDevice;
+
+/// A backend every binary of the workspace can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendName {
+    /// [`NdArray`], f32.
+    Ndarray,
+    /// [`Flex`], f32.
+    Flex,
+    /// [`Wgpu`], f32, on the default adapter.
+    Wgpu,
+}
+
+impl BackendName {
+    /// Every backend, in the order tables list them.
+    pub const ALL: [Self; 3] = [Self::Ndarray, Self::Flex, Self::Wgpu];
+
+    /// The name on the command line and in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ndarray => "ndarray",
+            Self::Flex => "flex",
+            Self::Wgpu => "wgpu",
+        }
+    }
+}
+
+/// Code generic over the backend, for [`dispatch`]: Rust closures cannot be generic, so the
+/// code is a type with one generic method.
+pub trait OnBackend {
+    /// What the code returns.
+    type Output;
+    /// Runs on backend `B`, named `name`, on `device`.
+    fn run<B: burn::tensor::backend::Backend>(
+        self,
+        name: &'static str,
+        device: B::Device,
+    ) -> Self::Output;
+}
+
+/// Runs `code` on the backend `backend` names, on its default device (after checking that wgpu
+/// has an adapter).
+pub fn dispatch<C: OnBackend>(backend: BackendName, code: C) -> Result<C::Output, NoAdapter> {
+    let name = backend.name();
+    Ok(match backend {
+        BackendName::Ndarray => code.run::<NdArray>(name, Default::default()),
+        BackendName::Flex => code.run::<Flex>(name, Default::default()),
+        BackendName::Wgpu => code.run::<Wgpu>(name, wgpu_device()?),
+    })
+}
 
 /// The environment variable under which a missing wgpu adapter is a failure, not a skip
 /// (set by `.ci/run`).

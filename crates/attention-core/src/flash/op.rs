@@ -3,13 +3,17 @@
 //! through its `O(T²)` composite).
 //!
 //! Burn has no specialization, so the backends the kernel serves are recognised by type here, in
-//! one place ([`supports`]); every other backend keeps Burn's own attention op.
+//! one place ([`kernel_entry`], from the one list in [`for_each_kernel_backend!`]), with or without
+//! `Autodiff` and under every checkpointing strategy; every other backend keeps Burn's own
+//! attention op.
 
 use std::any::{Any, TypeId};
 use std::marker::PhantomData;
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::checkpoint::strategy::{
+    BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
+};
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::{Autodiff, Flex, NdArray};
@@ -33,29 +37,40 @@ pub(crate) struct FlashInputs<B: Backend> {
     pub key_padding: Option<Tensor<B, 2, Bool>>,
 }
 
-/// Whether [`causal_attention`] runs on backend `B`: ndarray (f32, f64) and burn-flex, with or
-/// without `Autodiff` (with its default checkpointing).
+/// The host backends the kernel runs on: adding a CPU backend to the kernel is one entry here.
+macro_rules! for_each_kernel_backend {
+    ($action:ident) => {
+        $action!(NdArray<f32>);
+        $action!(NdArray<f64>);
+        $action!(Flex);
+    };
+}
+
+/// The kernel's entry point for backend `B`, or `None` when `B` is not one it runs on: a host
+/// backend of [`for_each_kernel_backend!`] directly, or `Autodiff` around one with either
+/// checkpointing strategy.
+fn kernel_entry<B: Backend>() -> Option<fn(FlashInputs<B>) -> Tensor<B, 3>> {
+    let id = TypeId::of::<B>();
+    macro_rules! recognise {
+        ($inner:ty) => {
+            if id == TypeId::of::<$inner>() {
+                return Some(host_forward::<B>);
+            }
+            if id == TypeId::of::<Autodiff<$inner, NoCheckpointing>>() {
+                return Some(on_autodiff::<B, $inner, NoCheckpointing>);
+            }
+            if id == TypeId::of::<Autodiff<$inner, BalancedCheckpointing>>() {
+                return Some(on_autodiff::<B, $inner, BalancedCheckpointing>);
+            }
+        };
+    }
+    for_each_kernel_backend!(recognise);
+    None
+}
+
+/// Whether [`causal_attention`] runs on backend `B`.
 pub(crate) fn supports<B: Backend>() -> bool {
-    host_backend::<B>() || autodiff_backend::<B>()
-}
-
-/// Backends whose tensors live in host memory.
-fn host_backend<B: Backend>() -> bool {
-    [
-        TypeId::of::<NdArray<f32>>(),
-        TypeId::of::<NdArray<f64>>(),
-        TypeId::of::<Flex>(),
-    ]
-    .contains(&TypeId::of::<B>())
-}
-
-fn autodiff_backend<B: Backend>() -> bool {
-    [
-        TypeId::of::<Autodiff<NdArray<f32>>>(),
-        TypeId::of::<Autodiff<NdArray<f64>>>(),
-        TypeId::of::<Autodiff<Flex>>(),
-    ]
-    .contains(&TypeId::of::<B>())
+    kernel_entry::<B>().is_some()
 }
 
 /// Causal attention on the CPU kernel (see [`kernel::forward`]).
@@ -64,23 +79,15 @@ fn autodiff_backend<B: Backend>() -> bool {
 /// - output: `[batch, queries, heads · head_dim]`, the heads side by side
 ///
 /// # Panics
-/// When `B` is not one of the backends of [`supports`].
+/// When `B` is not one of the backends of [`supports`] (the route checks first).
 pub(crate) fn causal_attention<B: Backend>(inputs: FlashInputs<B>) -> Tensor<B, 3> {
-    let id = TypeId::of::<B>();
-    if host_backend::<B>() {
-        host_forward::<B>(inputs)
-    } else if id == TypeId::of::<Autodiff<NdArray<f32>>>() {
-        on_autodiff::<B, NdArray<f32>>(inputs)
-    } else if id == TypeId::of::<Autodiff<NdArray<f64>>>() {
-        on_autodiff::<B, NdArray<f64>>(inputs)
-    } else if id == TypeId::of::<Autodiff<Flex>>() {
-        on_autodiff::<B, Flex>(inputs)
-    } else {
+    let entry = kernel_entry::<B>().unwrap_or_else(|| {
         panic!(
             "the CPU attention kernel does not run on {}",
             std::any::type_name::<B>()
         )
-    }
+    });
+    entry(inputs)
 }
 
 /// `value` as the type it is known (by its `TypeId`) to be.
@@ -104,12 +111,14 @@ fn host_forward<B: Backend>(inputs: FlashInputs<B>) -> Tensor<B, 3> {
     }
 }
 
-/// `B` is `Autodiff<I>`: run the kernel on the data and record a node with its backward.
-fn on_autodiff<B: Backend, I: Backend>(inputs: FlashInputs<B>) -> Tensor<B, 3> {
-    let inputs: FlashInputs<Autodiff<I>> = same_type(inputs);
+/// `B` is `Autodiff<I, C>`: run the kernel on the data and record a node with its backward.
+fn on_autodiff<B: Backend, I: Backend, C: CheckpointStrategy>(
+    inputs: FlashInputs<B>,
+) -> Tensor<B, 3> {
+    let inputs: FlashInputs<Autodiff<I, C>> = same_type(inputs);
     let output = match inputs.query.dtype() {
-        DType::F64 => tracked::<I, f64>(inputs),
-        _ => tracked::<I, f32>(inputs),
+        DType::F64 => tracked::<I, C, f64>(inputs),
+        _ => tracked::<I, C, f32>(inputs),
     };
     same_type(output)
 }
@@ -117,7 +126,9 @@ fn on_autodiff<B: Backend, I: Backend>(inputs: FlashInputs<B>) -> Tensor<B, 3> {
 /// The kernel's forward pass on `I`'s data, recorded as one graph node whose backward is
 /// [`kernel::backward`]. The nodes are taken before the data so that burn-ndarray can hand the
 /// buffers over without copying.
-fn tracked<I: Backend, E: HostFloat>(inputs: FlashInputs<Autodiff<I>>) -> Tensor<Autodiff<I>, 3> {
+fn tracked<I: Backend, C: CheckpointStrategy, E: HostFloat>(
+    inputs: FlashInputs<Autodiff<I, C>>,
+) -> Tensor<Autodiff<I, C>, 3> {
     let device = inputs.query.device();
     let [query, key, value] =
         [inputs.query, inputs.key, inputs.value].map(|tensor| tensor.into_primitive().tensor());
@@ -138,7 +149,7 @@ fn tracked<I: Backend, E: HostFloat>(inputs: FlashInputs<Autodiff<I>>) -> Tensor
         .into_primitive()
         .tensor();
     let output = match FlashBackward::<E>(PhantomData)
-        .prepare::<NoCheckpointing>(nodes)
+        .prepare::<C>(nodes)
         .compute_bound()
         .stateful()
     {

@@ -1,0 +1,107 @@
+//! Which code computes the attention core, decided once per call: the one place that maps an
+//! [`AttentionPath`], the backend and the kind of call to what runs.
+//!
+//! | call | backend | `Auto` | `Explicit` | `Fused` |
+//! |---|---|---|---|---|
+//! | [`forward_with`] | ndarray, flex (± `Autodiff`) | [`Route::CpuKernel`]¹ | [`Route::Explicit`] | [`Route::CpuKernel`] |
+//! | [`forward_with`] | others (wgpu) | [`Route::BurnOp`]² | [`Route::Explicit`] | [`Route::BurnOp`] |
+//! | [`forward_cached_with`] | any | [`Route::BurnOp`]³ | [`Route::Explicit`] | [`Route::BurnOp`] |
+//! | [`forward_traced`] | any | [`Route::Explicit`] | | |
+//!
+//! 1. [`Route::Explicit`] under `Autodiff` while dropout is active: only the explicit path
+//!    applies dropout.
+//! 2. [`Route::Explicit`] under `Autodiff`: Burn 0.21 differentiates its attention op through the
+//!    same `O(T²)` composite, with an approximate division gradient on some backends.
+//! 3. The cache stores keys per head (`[batch, heads, len, head_dim]`), the layout Burn's op
+//!    reads; the kernel reads `[batch, len, heads · head_dim]`. [`Route::Explicit`] under
+//!    `Autodiff` for the reasons of 1, and of 2 on backends other than ndarray and flex.
+//!
+//! [`forward_with`]: crate::MultiHeadAttention::forward_with
+//! [`forward_cached_with`]: crate::MultiHeadAttention::forward_cached_with
+//! [`forward_traced`]: crate::MultiHeadAttention::forward_traced
+
+use burn::prelude::*;
+
+use crate::attend::AttentionPath;
+use crate::flash;
+
+/// What computes the attention core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Scores, mask, softmax, dropout and weighted sum as separate tensor ops
+    /// ([`crate::attend::explicit`]); materializes `[batch, heads, queries, keys]`.
+    Explicit,
+    /// This crate's CPU kernel ([`crate::flash`]), on the projections' side-by-side heads.
+    CpuKernel,
+    /// Burn's fused `attention` op ([`crate::attend::fused`]).
+    BurnOp,
+}
+
+/// The kind of forward call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    /// A whole sequence.
+    Full,
+    /// New positions after a [`KvCache`](crate::KvCache)'s.
+    Cached,
+}
+
+/// The route of `path` for a call of kind `call` on backend `B`; `training` says whether
+/// autodiff is on, `dropout_active` whether dropout would apply.
+pub(crate) fn route<B: Backend>(
+    path: AttentionPath,
+    call: Call,
+    training: bool,
+    dropout_active: bool,
+) -> Route {
+    let cpu_backend = flash::supports::<B>();
+    let kernel = call == Call::Full && cpu_backend;
+    match path {
+        AttentionPath::Explicit => Route::Explicit,
+        AttentionPath::Fused if kernel => Route::CpuKernel,
+        AttentionPath::Fused => Route::BurnOp,
+        AttentionPath::Auto if training && dropout_active => Route::Explicit,
+        AttentionPath::Auto if kernel => Route::CpuKernel,
+        AttentionPath::Auto if training && !cpu_backend => Route::Explicit,
+        AttentionPath::Auto => Route::BurnOp,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::{Autodiff, NdArray};
+
+    use super::*;
+
+    #[test]
+    fn the_table_of_the_module_doc() {
+        use AttentionPath::{Auto, Explicit, Fused};
+        use Call::{Cached, Full};
+        type Ad = Autodiff<NdArray>;
+        type AdBalanced =
+            Autodiff<NdArray, burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing>;
+        assert_eq!(route::<NdArray>(Auto, Full, false, false), Route::CpuKernel);
+        assert_eq!(route::<Ad>(Auto, Full, true, false), Route::CpuKernel);
+        assert_eq!(
+            route::<AdBalanced>(Auto, Full, true, false),
+            Route::CpuKernel
+        );
+        assert_eq!(route::<Ad>(Auto, Full, true, true), Route::Explicit);
+        assert_eq!(route::<Ad>(Fused, Full, true, true), Route::CpuKernel);
+        assert_eq!(
+            route::<NdArray>(Explicit, Full, false, false),
+            Route::Explicit
+        );
+        assert_eq!(route::<NdArray>(Auto, Cached, false, false), Route::BurnOp);
+        assert_eq!(route::<Ad>(Auto, Cached, true, true), Route::Explicit);
+        assert_eq!(route::<Ad>(Fused, Cached, true, false), Route::BurnOp);
+        assert_eq!(route::<Ad>(Auto, Cached, true, false), Route::BurnOp);
+        type AdWgpu = Autodiff<burn::backend::Wgpu>;
+        assert_eq!(route::<AdWgpu>(Auto, Full, true, false), Route::Explicit);
+        assert_eq!(route::<AdWgpu>(Auto, Cached, true, false), Route::Explicit);
+        assert_eq!(
+            route::<burn::backend::Wgpu>(Auto, Full, false, false),
+            Route::BurnOp
+        );
+    }
+}
