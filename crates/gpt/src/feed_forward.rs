@@ -9,7 +9,7 @@ use burn::tensor::activation::gelu;
 pub struct FeedForwardConfig {
     /// Width of the model.
     pub d_model: usize,
-    /// Width of the hidden layer. Default: `4 · d_model` (see [`FeedForwardConfig::new`]).
+    /// Width of the hidden layer (the GPT's blocks use `4 · d_model`).
     pub hidden: usize,
 }
 

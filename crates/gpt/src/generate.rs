@@ -74,7 +74,7 @@ impl Picker {
                 temperature,
                 seed,
             } => {
-                if k == 0 || temperature.is_nan() || temperature <= 0.0 {
+                if k == 0 || !temperature.is_finite() || temperature <= 0.0 {
                     return Err(GenerateError::BadSampling(format!(
                         "k = {k} (≥ 1), temperature = {temperature} (> 0)"
                     )));

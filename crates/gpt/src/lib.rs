@@ -1,7 +1,7 @@
 //! A small GPT assembled from [`attention_core::MultiHeadAttention`], as the source chapter's book
 //! builds it next: pre-norm transformer blocks with the book's gated feed-forward, learned
 //! positions, a bias-free language-model head, and generation that reuses every block's
-//! [`KvCache`](attention_core::KvCache).
+//! [`KvCache`](attention_core::KvCache); [`checkpoint`] saves and loads a trained model.
 //!
 //! ```
 //! use burn::backend::NdArray;
@@ -15,11 +15,14 @@
 #![warn(missing_docs)]
 
 mod block;
+pub mod checkpoint;
 mod feed_forward;
 mod generate;
 mod model;
+mod named;
 
 pub use block::{TransformerBlock, TransformerBlockConfig};
 pub use feed_forward::{FeedForward, FeedForwardConfig};
 pub use generate::{GenerateError, Sampling};
-pub use model::{GptConfig, GptModel};
+pub use model::{GptConfig, GptConfigError, GptModel};
+pub use named::{load_parameters, named_parameters, parameter_shapes};

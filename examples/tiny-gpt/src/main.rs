@@ -13,12 +13,29 @@ mod train;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use attention_backends::{Autodiff, Flex, NdArray, Wgpu, wgpu_device};
+use attention_backends::{Autodiff, BackendName, NoAdapter, OnBackend, dispatch};
 use burn::prelude::*;
-use clap::{Parser, Subcommand, ValueEnum};
-use gpt::{GptConfig, Sampling};
+use clap::{Parser, Subcommand};
+use gpt::checkpoint::{self, CheckpointError};
+use gpt::{GenerateError, GptConfig, Sampling};
+use thiserror::Error;
 
-use train::{TrainSettings, VOCAB};
+use train::{TrainError, TrainSettings, VOCAB};
+
+/// What the user is told, as one `error:` line.
+#[derive(Debug, Error)]
+enum CliError {
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Generate(#[from] GenerateError),
+    #[error(transparent)]
+    NoAdapter(#[from] NoAdapter),
+    #[error("the checkpoint's vocabulary has {0} tokens; tiny-gpt's byte-level prompts need 256")]
+    Vocabulary(usize),
+}
 
 #[derive(Debug, Parser)]
 #[command(about)]
@@ -27,24 +44,18 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum BackendArg {
-    Ndarray,
-    Flex,
-    Wgpu,
-}
-
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Trains on the generated corpus and writes a checkpoint and the loss curve.
     Train {
-        #[arg(long, value_enum, default_value_t = BackendArg::Flex)]
-        backend: BackendArg,
+        #[arg(long, value_enum, default_value_t = BackendName::Flex)]
+        backend: BackendName,
         #[arg(long, default_value_t = 600)]
         steps: usize,
         #[arg(long, default_value_t = 16)]
         batch: usize,
-        #[arg(long, default_value_t = 3e-3)]
+        /// Above 0 (a negative value is accepted here so that it is refused with a reason).
+        #[arg(long, default_value_t = 3e-3, allow_negative_numbers = true)]
         learning_rate: f64,
         #[arg(long, default_value_t = 64)]
         context: usize,
@@ -62,6 +73,8 @@ enum Command {
     },
     /// Continues a prompt with a trained checkpoint.
     Generate {
+        #[arg(long, value_enum, default_value_t = BackendName::Flex)]
+        backend: BackendName,
         #[arg(long)]
         checkpoint: PathBuf,
         #[arg(long)]
@@ -100,32 +113,44 @@ fn main() -> ExitCode {
                 out,
                 config: GptConfig::new(VOCAB, context, d_model, heads, layers),
             };
-            let trained = match backend {
-                BackendArg::Ndarray => {
-                    train::train::<Autodiff<NdArray>>(&settings, "ndarray", &Default::default())
-                }
-                BackendArg::Flex => {
-                    train::train::<Autodiff<Flex>>(&settings, "flex", &Default::default())
-                }
-                BackendArg::Wgpu => wgpu_device()
-                    .map_err(|e| e.to_string())
-                    .and_then(|device| train::train::<Autodiff<Wgpu>>(&settings, "wgpu", &device)),
-            };
-            trained.map(|(valid, unigram)| {
-                println!(
-                    "final: val_loss={valid:.4} unigram_loss={unigram:.4} ratio={:.4}",
-                    valid / unigram
-                );
-            })
+            let trained = dispatch(backend, Train(&settings)).map_err(CliError::from);
+            trained
+                .and_then(|trained| Ok(trained?))
+                .map(|(valid, unigram)| {
+                    println!(
+                        "final: val_loss={valid:.4} unigram_loss={unigram:.4} ratio={:.4}",
+                        valid / unigram
+                    );
+                })
         }
         Command::Generate {
+            backend,
             checkpoint,
             prompt,
             tokens,
             temperature,
             top_k,
             seed,
-        } => generate::<Flex>(&checkpoint, &prompt, tokens, temperature, top_k, seed),
+        } => {
+            let sampling = if temperature == 0.0 {
+                Sampling::Greedy
+            } else {
+                Sampling::TopK {
+                    k: top_k,
+                    temperature,
+                    seed,
+                }
+            };
+            let request = Generate {
+                checkpoint: &checkpoint,
+                prompt: &prompt,
+                tokens,
+                sampling,
+            };
+            dispatch(backend, request)
+                .map_err(CliError::from)
+                .and_then(|generated| generated)
+        }
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -136,31 +161,38 @@ fn main() -> ExitCode {
     }
 }
 
-fn generate<B: Backend>(
-    checkpoint: &std::path::Path,
-    prompt: &str,
+/// Training on the backend `--backend` names (with `Autodiff` around it).
+struct Train<'a>(&'a TrainSettings);
+
+impl OnBackend for Train<'_> {
+    type Output = Result<(f64, f64), TrainError>;
+
+    fn run<B: Backend>(self, name: &'static str, device: B::Device) -> Self::Output {
+        train::train::<Autodiff<B>>(self.0, name, &device)
+    }
+}
+
+/// A continuation of `prompt` from a checkpoint.
+struct Generate<'a> {
+    checkpoint: &'a std::path::Path,
+    prompt: &'a str,
     tokens: usize,
-    temperature: f64,
-    top_k: usize,
-    seed: u64,
-) -> Result<(), String> {
-    let device = Default::default();
-    let model = train::load::<B>(checkpoint, &device)?;
-    let sampling = if temperature == 0.0 {
-        Sampling::Greedy
-    } else {
-        Sampling::TopK {
-            k: top_k,
-            temperature,
-            seed,
+    sampling: Sampling,
+}
+
+impl OnBackend for Generate<'_> {
+    type Output = Result<(), CliError>;
+
+    fn run<B: Backend>(self, _: &'static str, device: B::Device) -> Self::Output {
+        let model = checkpoint::load::<B>(self.checkpoint, &device)?;
+        if model.vocab_size() != VOCAB {
+            return Err(CliError::Vocabulary(model.vocab_size()));
         }
-    };
-    let prompt_ids: Vec<usize> = prompt.bytes().map(usize::from).collect();
-    let room = model.context_length().saturating_sub(prompt_ids.len());
-    let ids = model
-        .generate(&prompt_ids, tokens.min(room), &sampling, &device)
-        .map_err(|e| e.to_string())?;
-    let bytes: Vec<u8> = ids.iter().map(|&t| t as u8).collect();
-    println!("{}", String::from_utf8_lossy(&bytes));
-    Ok(())
+        let prompt_ids: Vec<usize> = self.prompt.bytes().map(usize::from).collect();
+        let room = model.context_length().saturating_sub(prompt_ids.len());
+        let ids = model.generate(&prompt_ids, self.tokens.min(room), &self.sampling, &device)?;
+        let bytes: Vec<u8> = ids.iter().map(|&t| t as u8).collect();
+        println!("{}", String::from_utf8_lossy(&bytes));
+        Ok(())
+    }
 }

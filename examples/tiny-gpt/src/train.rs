@@ -1,19 +1,20 @@
 //! Training: AdamW on random windows of the corpus, validation on held-out text, a checkpoint
 //! and the loss curve at the end.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::loss::cross_entropy_with_logits;
-use gpt::{GptConfig, GptModel};
+use gpt::checkpoint::{self, CheckpointError};
+use gpt::{GptConfig, GptConfigError, GptModel};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use thiserror::Error;
 
 use crate::{corpus, plot};
 
@@ -32,6 +33,109 @@ pub const VOCAB: usize = 256;
 const CORPUS_BYTES: usize = 200_000;
 const VALIDATION_FRACTION: f64 = 0.1;
 const VALIDATION_BATCHES: usize = 8;
+/// tiny-gpt trains small models: 2^28 parameters (1 GiB in f32, 4 GiB with gradients and AdamW's
+/// moments) is far beyond what 2 cores train in reasonable time.
+pub const MAX_PARAMETERS: usize = 1 << 28;
+/// Files a checkpoint directory may hold besides the checkpoint's own (the loss curve, and the
+/// weights file of earlier versions), so that training again replaces it.
+pub const EXTRA_FILES: [&str; 2] = ["loss.png", "model.bin"];
+
+/// What can stop training.
+#[derive(Debug, Error)]
+pub enum TrainError {
+    /// A flag's value cannot train.
+    #[error("{flag} {value}: {reason}")]
+    Setting {
+        /// The flag.
+        flag: &'static str,
+        /// Its value.
+        value: String,
+        /// Why not.
+        reason: String,
+    },
+    /// The model the flags describe is too large for this program.
+    #[error(
+        "the model has {parameters} parameters, more than tiny-gpt trains ({MAX_PARAMETERS}); \
+         lower --context, --d-model or --layers"
+    )]
+    TooLarge {
+        /// Its parameter count (or `"more than usize::MAX"`).
+        parameters: String,
+    },
+    /// The loss stopped being a number.
+    #[error(
+        "training diverged at step {step} (loss {loss}); no checkpoint written, any existing one \
+         is untouched: try a smaller --learning-rate"
+    )]
+    Diverged {
+        /// The step.
+        step: usize,
+        /// The loss.
+        loss: f64,
+    },
+    /// Writing the checkpoint failed, or its directory may not be written.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+}
+
+impl TrainSettings {
+    /// Checks every setting before anything is allocated or trained.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let setting = |flag, value: String, reason: &str| TrainError::Setting {
+            flag,
+            value,
+            reason: reason.to_string(),
+        };
+        let config = &self.config;
+        for (flag, value) in [
+            ("--steps", self.steps),
+            ("--batch", self.batch),
+            ("--context", config.context_length),
+            ("--d-model", config.d_model),
+            ("--heads", config.num_heads),
+            ("--layers", config.num_layers),
+        ] {
+            if value == 0 {
+                return Err(setting(flag, "0".into(), "must be at least 1"));
+            }
+        }
+        if !config.d_model.is_multiple_of(config.num_heads) {
+            return Err(setting(
+                "--heads",
+                config.num_heads.to_string(),
+                &format!("must divide --d-model {}", config.d_model),
+            ));
+        }
+        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
+            return Err(setting(
+                "--learning-rate",
+                self.learning_rate.to_string(),
+                "must be a finite number above 0",
+            ));
+        }
+        // Training and validation windows are drawn from the validation text, the shorter part.
+        let longest = (CORPUS_BYTES as f64 * VALIDATION_FRACTION) as usize - 2;
+        if config.context_length > longest {
+            return Err(setting(
+                "--context",
+                config.context_length.to_string(),
+                &format!("longer than the validation text allows (at most {longest})"),
+            ));
+        }
+        match config.parameter_count() {
+            Some(parameters) if parameters <= MAX_PARAMETERS => {}
+            parameters => {
+                return Err(TrainError::TooLarge {
+                    parameters: parameters
+                        .map_or_else(|| "more than usize::MAX".into(), |p| p.to_string()),
+                });
+            }
+        }
+        config
+            .validate()
+            .map_err(|error: GptConfigError| setting("--config", String::new(), &error.to_string()))
+    }
+}
 
 /// `[batch, context + 1]` windows of `text` starting at `starts`, as token ids.
 fn windows<B: Backend>(
@@ -67,13 +171,16 @@ fn loss<B: Backend>(
     cross_entropy_with_logits(logits, targets.one_hot(VOCAB).float())
 }
 
-/// Trains on `B` and writes `model.bin`, `config.json` and `loss.png` into `settings.out`.
-/// Returns `(validation loss, unigram loss)`.
+/// Trains on `B` and writes `model.safetensors`, `config.json` and `loss.png` into
+/// `settings.out`, as a unit. Returns `(validation loss, unigram loss)`.
 pub fn train<B: AutodiffBackend>(
     settings: &TrainSettings,
     backend: &str,
     device: &B::Device,
-) -> Result<(f64, f64), String> {
+) -> Result<(f64, f64), TrainError> {
+    settings.validate()?;
+    // Refused before training, not after: a path holding anything but a checkpoint.
+    let output = checkpoint::output_dir("--out", &settings.out, &EXTRA_FILES)?;
     let config = &settings.config;
     let context = config.context_length;
     let text = corpus::generate(CORPUS_BYTES, settings.seed).into_bytes();
@@ -126,6 +233,10 @@ pub fn train<B: AutodiffBackend>(
             .collect();
         let loss = loss(&model, train_text, &starts, context, device);
         let value = loss.clone().into_scalar().elem::<f64>();
+        if !value.is_finite() {
+            progress.abandon();
+            return Err(TrainError::Diverged { step, loss: value });
+        }
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         let warmup = (step as f64 / 50.0).min(1.0);
         model = optimizer.step(settings.learning_rate * warmup, model, grads);
@@ -139,59 +250,22 @@ pub fn train<B: AutodiffBackend>(
     }
     progress.finish();
     let valid_loss = validate(&model);
+    if !valid_loss.is_finite() {
+        return Err(TrainError::Diverged {
+            step: settings.steps,
+            loss: valid_loss,
+        });
+    }
 
-    std::fs::create_dir_all(&settings.out)
-        .map_err(|e| format!("cannot create {}: {e}", settings.out.display()))?;
-    save(&model.valid(), config, &settings.out)?;
-    plot::loss_curve(
-        &settings.out.join("loss.png"),
-        &train_curve,
-        &valid_curve,
-        unigram,
-    )
-    .map_err(|e| format!("cannot draw the loss curve: {e}"))?;
+    checkpoint::save(&output, &model.valid(), config, |dir| {
+        plot::loss_curve(&dir.join("loss.png"), &train_curve, &valid_curve, unigram)
+            .map_err(|e| format!("cannot draw the loss curve: {e}"))
+    })?;
     println!(
-        "checkpoint: {} (model.bin, config.json, loss.png)",
-        settings.out.display()
+        "checkpoint: {} ({}, {}, loss.png)",
+        settings.out.display(),
+        checkpoint::WEIGHTS_FILE,
+        checkpoint::CONFIG_FILE
     );
     Ok((valid_loss, unigram))
-}
-
-fn save<B: Backend>(model: &GptModel<B>, config: &GptConfig, dir: &Path) -> Result<(), String> {
-    config
-        .save(dir.join("config.json"))
-        .map_err(|e| format!("cannot write config.json: {e}"))?;
-    model
-        .clone()
-        .save_file(
-            dir.join("model"),
-            &BinFileRecorder::<FullPrecisionSettings>::new(),
-        )
-        .map_err(|e| format!("cannot write model.bin: {e}"))
-}
-
-/// Loads a checkpoint written by [`train`]: a directory with `config.json` and `model.bin`.
-pub fn load<B: Backend>(dir: &Path, device: &B::Device) -> Result<GptModel<B>, String> {
-    let config_path = dir.join("config.json");
-    if !config_path.is_file() {
-        return Err(format!(
-            "{}: not a checkpoint (no config.json)",
-            dir.display()
-        ));
-    }
-    let config =
-        GptConfig::load(&config_path).map_err(|e| format!("{}: {e}", config_path.display()))?;
-    let model: GptModel<B> = config.init(device);
-    model
-        .load_file(
-            dir.join("model"),
-            &BinFileRecorder::<FullPrecisionSettings>::new(),
-            device,
-        )
-        .map_err(|e| {
-            format!(
-                "{}: cannot load the model: {e}",
-                dir.join("model.bin").display()
-            )
-        })
 }

@@ -1,0 +1,189 @@
+//! tiny-gpt as a careless user runs it: bad settings and tampered checkpoints are one-line
+//! errors (exit 2) before anything is allocated, a diverging run leaves the last checkpoint
+//! alone, and a small run trains, saves and generates.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tiny-gpt");
+/// A model small enough to train a few steps in a test.
+const SMALL: [&str; 12] = [
+    "--steps",
+    "3",
+    "--batch",
+    "2",
+    "--context",
+    "8",
+    "--d-model",
+    "8",
+    "--heads",
+    "2",
+    "--layers",
+    "1",
+];
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tiny-gpt-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+fn stderr_lines(output: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn refused(args: &[&str], needle: &str) {
+    let output = run(args);
+    let lines = stderr_lines(&output);
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {lines:?}");
+    assert_eq!(lines.len(), 1, "{args:?}: one line, got {lines:?}");
+    assert!(
+        lines[0].starts_with("error: ") && lines[0].contains(needle),
+        "{args:?}: {lines:?} should say {needle:?}"
+    );
+}
+
+/// `SMALL` with `flag` set to `value` and `--out dir`.
+fn small_with<'a>(flag: &'a str, value: &'a str, out: &'a str) -> Vec<&'a str> {
+    let mut args = vec!["train", "--out", out];
+    let mut rest = SMALL.to_vec();
+    if let Some(i) = rest.iter().position(|a| *a == flag) {
+        rest[i + 1] = value;
+    } else {
+        rest.extend([flag, value]);
+    }
+    args.extend(rest);
+    args
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+#[test]
+fn settings_that_cannot_train_are_refused_up_front() {
+    let dir = scratch("settings");
+    let out = dir.join("ckpt");
+    for (flag, value, needle) in [
+        ("--batch", "0", "--batch 0: must be at least 1"),
+        ("--heads", "0", "--heads 0: must be at least 1"),
+        ("--heads", "3", "--heads 3: must divide --d-model 8"),
+        ("--d-model", "0", "--d-model 0: must be at least 1"),
+        ("--context", "0", "--context 0: must be at least 1"),
+        (
+            "--context",
+            "1000000",
+            "longer than the validation text allows",
+        ),
+        (
+            "--context",
+            "1000000000000",
+            "longer than the validation text allows",
+        ),
+        ("--layers", "1000000", "more than tiny-gpt trains"),
+        ("--learning-rate", "NaN", "must be a finite number above 0"),
+        ("--learning-rate", "inf", "must be a finite number above 0"),
+        (
+            "--learning-rate",
+            "-0.001",
+            "must be a finite number above 0",
+        ),
+        ("--learning-rate", "0", "must be a finite number above 0"),
+    ] {
+        refused(&small_with(flag, value, s(&out)), needle);
+        assert!(!out.exists(), "{flag} {value}: nothing written");
+    }
+    let file = dir.join("a-file");
+    std::fs::write(&file, "mine").unwrap();
+    refused(&small_with("--seed", "0", s(&file)), "is a file");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
+}
+
+#[test]
+fn training_then_generating_and_what_divergence_leaves_behind() {
+    let dir = scratch("train");
+    let out = dir.join("ckpt");
+    let trained = run(&small_with("--seed", "1", s(&out)));
+    assert!(trained.status.success(), "{:?}", stderr_lines(&trained));
+    assert!(String::from_utf8_lossy(&trained.stdout).contains("final: val_loss="));
+    for file in ["config.json", "model.safetensors", "loss.png"] {
+        assert!(out.join(file).is_file(), "{file}");
+    }
+    let generated = run(&[
+        "generate",
+        "--checkpoint",
+        s(&out),
+        "--prompt",
+        "the ",
+        "--tokens",
+        "3",
+    ]);
+    assert!(generated.status.success(), "{:?}", stderr_lines(&generated));
+
+    // A learning rate that overflows the weights: the run stops, the checkpoint stays.
+    let before: Vec<Vec<u8>> = ["config.json", "model.safetensors"]
+        .iter()
+        .map(|f| std::fs::read(out.join(f)).unwrap())
+        .collect();
+    refused(
+        &small_with("--learning-rate", "1e38", s(&out)),
+        "training diverged",
+    );
+    let after: Vec<Vec<u8>> = ["config.json", "model.safetensors"]
+        .iter()
+        .map(|f| std::fs::read(out.join(f)).unwrap())
+        .collect();
+    assert_eq!(before, after, "the last good checkpoint is untouched");
+
+    // A directory holding anything else is never replaced.
+    std::fs::write(out.join("notes.txt"), "mine").unwrap();
+    refused(&small_with("--seed", "2", s(&out)), "notes.txt");
+    assert_eq!(
+        std::fs::read_to_string(out.join("notes.txt")).unwrap(),
+        "mine"
+    );
+}
+
+#[test]
+fn tampered_checkpoints_name_the_field_that_disagrees() {
+    let dir = scratch("tampered");
+    let out = dir.join("ckpt");
+    assert!(run(&small_with("--seed", "3", s(&out))).status.success());
+    let config_path = out.join("config.json");
+    let original = std::fs::read_to_string(&config_path).unwrap();
+    for (field, value, needle) in [
+        ("num_heads", "0", "`num_heads` must be at least 1"),
+        ("num_layers", "4", "holds"),
+        ("d_model", "1000000000", "token_embedding.weight"),
+        (
+            "context_length",
+            "1000000000000",
+            "position_embedding.weight",
+        ),
+    ] {
+        let mut json: serde_json::Value = serde_json::from_str(&original).unwrap();
+        json[field] = value.parse::<serde_json::Value>().unwrap();
+        std::fs::write(&config_path, json.to_string()).unwrap();
+        refused(
+            &["generate", "--checkpoint", s(&out), "--prompt", "a"],
+            needle,
+        );
+    }
+    std::fs::write(&config_path, "{\"vocab_size\": ").unwrap();
+    refused(
+        &["generate", "--checkpoint", s(&out), "--prompt", "a"],
+        "config.json: EOF while parsing",
+    );
+    refused(
+        &["generate", "--checkpoint", s(&dir), "--prompt", "a"],
+        "not a checkpoint (no config.json)",
+    );
+}
