@@ -56,6 +56,28 @@ fn s(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
+/// `apply --weights W --input X --num-heads 2 --output OUT` and `extra`.
+fn apply<'a>(
+    weights: &'a Path,
+    input: &'a Path,
+    output: &'a Path,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "apply",
+        "--weights",
+        s(weights),
+        "--input",
+        s(input),
+        "--num-heads",
+        "2",
+        "--output",
+        s(output),
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// A copy of a fixture in `dir` (tests may damage their copies, never the fixtures).
 fn copy(dir: &Path, name: &str) -> PathBuf {
     let to = dir.join(name);
@@ -95,17 +117,7 @@ fn an_output_that_is_an_input_is_refused_however_it_is_spelled() {
         (&respelled, "--weights"),
     ] {
         refused(
-            &[
-                "apply",
-                "--weights",
-                s(&weights),
-                "--input",
-                s(&pt),
-                "--num-heads",
-                "2",
-                "--output",
-                s(output),
-            ],
+            &apply(&weights, &pt, output, &[]),
             &format!("same file as {role}"),
             &inputs,
             output,
@@ -179,17 +191,7 @@ fn an_output_that_is_not_a_regular_file_is_refused() {
         (Path::new("/dev/null"), "a device"),
     ] {
         refused(
-            &[
-                "apply",
-                "--weights",
-                s(&weights),
-                "--input",
-                s(&weights),
-                "--num-heads",
-                "2",
-                "--output",
-                s(output),
-            ],
+            &apply(&weights, &weights, output, &[]),
             kind,
             &[weights.as_path()],
             output,
@@ -215,20 +217,7 @@ fn a_link_planted_at_the_old_temporary_name_is_never_followed() {
     std::fs::write(&victim, "precious").unwrap();
     let out = dir.join("out.safetensors");
     std::os::unix::fs::symlink(&victim, dir.join(".out.safetensors.partial")).unwrap();
-    let result = run(
-        BIN,
-        &[
-            "apply",
-            "--weights",
-            s(&weights),
-            "--input",
-            s(&weights),
-            "--num-heads",
-            "2",
-            "--output",
-            s(&out),
-        ],
-    );
+    let result = run(BIN, &apply(&weights, &weights, &out, &[]));
     assert!(result.status.success(), "{:?}", stderr_lines(&result));
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     assert_matches_fixture(&out, &weights, &["y", "attn_weights"]);
@@ -281,20 +270,7 @@ fn strided_pt_weights_give_pytorchs_numbers() {
     let weights = column_major_pt(&dir);
     let out = dir.join("out.safetensors");
     let input = fixture(&format!("{BOOK}.safetensors"));
-    let result = run(
-        BIN,
-        &[
-            "apply",
-            "--weights",
-            s(&weights),
-            "--input",
-            s(&input),
-            "--num-heads",
-            "2",
-            "--output",
-            s(&out),
-        ],
-    );
+    let result = run(BIN, &apply(&weights, &input, &out, &[]));
     assert!(result.status.success(), "{:?}", stderr_lines(&result));
     assert_matches_fixture(&out, &input, &["y", "attn_weights"]);
 }
@@ -360,17 +336,7 @@ fn hostile_pt_layouts_are_refused_naming_the_tensor() {
         let weights = dir.join("hostile.pt");
         std::fs::write(&weights, serialize_views(&[view], &records)).unwrap();
         refused(
-            &[
-                "apply",
-                "--weights",
-                s(&weights),
-                "--input",
-                s(&input),
-                "--num-heads",
-                "2",
-                "--output",
-                s(&out),
-            ],
+            &apply(&weights, &input, &out, &[]),
             needle,
             &[weights.as_path(), input.as_path()],
             &out,
@@ -461,20 +427,7 @@ fn ten_thousand_unused_tensors_load_in_linear_time() {
         let weights = dir.join(name);
         std::fs::write(&weights, bytes).unwrap();
         let out = dir.join(format!("{name}.out.safetensors"));
-        let result = run(
-            BIN,
-            &[
-                "apply",
-                "--weights",
-                s(&weights),
-                "--input",
-                s(&weights),
-                "--num-heads",
-                "2",
-                "--output",
-                s(&out),
-            ],
-        );
+        let result = run(BIN, &apply(&weights, &weights, &out, &[]));
         assert!(
             result.status.success(),
             "{name}: {:?}",
@@ -495,25 +448,14 @@ fn inputs_that_would_panic_or_exhaust_memory_are_one_line_errors() {
     write_x(&empty_seq, vec![2, 0, 8]);
     let long = dir.join("long.safetensors");
     write_x(&long, vec![1, 60_000, 8]);
-    let apply = |input: &Path, extra: &[&str], needle: &str| {
-        let mut args = vec![
-            "apply",
-            "--weights",
-            s(&weights),
-            "--input",
-            s(input),
-            "--num-heads",
-            "2",
-            "--output",
-            s(&out),
-        ];
-        args.extend_from_slice(extra);
+    let refused_input = |input: &Path, extra: &[&str], needle: &str| {
+        let args = apply(&weights, input, &out, extra);
         refused(&args, needle, &[weights.as_path(), input], &out);
     };
-    apply(&empty_batch, &["--path", "explicit"], "batch = 0");
-    apply(&empty_batch, &["--path", "fused"], "batch = 0");
-    apply(&empty_seq, &["--path", "cached"], "seq = 0");
-    apply(
+    refused_input(&empty_batch, &["--path", "explicit"], "batch = 0");
+    refused_input(&empty_batch, &["--path", "fused"], "batch = 0");
+    refused_input(&empty_seq, &["--path", "cached"], "seq = 0");
+    refused_input(
         &long,
         &["--path", "explicit", "--context-length", "60000"],
         "use the fused path",
@@ -529,17 +471,7 @@ fn inputs_that_would_panic_or_exhaust_memory_are_one_line_errors() {
     )
     .unwrap();
     refused(
-        &[
-            "apply",
-            "--weights",
-            s(&scalar_mask),
-            "--input",
-            s(&weights),
-            "--num-heads",
-            "2",
-            "--output",
-            s(&out),
-        ],
+        &apply(&scalar_mask, &weights, &out, &[]),
         "`mask` has shape []",
         &[scalar_mask.as_path()],
         &out,
@@ -598,21 +530,12 @@ fn a_huge_context_length_runs_the_cache_on_demand() {
         let out = dir.join(format!("out-{}.safetensors", context.len()));
         let result = run(
             BIN,
-            &[
-                "apply",
-                "--weights",
-                s(&weights),
-                "--input",
-                s(&weights),
-                "--num-heads",
-                "2",
-                "--output",
-                s(&out),
-                "--path",
-                "cached",
-                "--context-length",
-                context,
-            ],
+            &apply(
+                &weights,
+                &weights,
+                &out,
+                &["--path", "cached", "--context-length", context],
+            ),
         );
         assert!(
             result.status.success(),
