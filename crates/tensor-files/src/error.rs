@@ -49,8 +49,8 @@ pub enum FileError {
         path: PathBuf,
         /// The tensor.
         key: String,
-        /// What does not fit.
-        problem: LayoutProblem,
+        /// What does not fit (boxed: it carries shapes, and errors travel by value).
+        problem: Box<LayoutProblem>,
     },
     /// The memory a tensor needs could not be allocated.
     #[error("{path}: `{key}` needs {bytes} bytes, which could not be allocated")]

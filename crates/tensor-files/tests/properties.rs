@@ -104,10 +104,10 @@ enum Mutation {
 fn mutation() -> impl Strategy<Value = Mutation> {
     let at = any::<usize>();
     prop_oneof![
-        (at.clone(), 1u8..).prop_map(|(at, bits)| Mutation::Flip { at, bits }),
-        (at.clone(), any::<u8>()).prop_map(|(at, value)| Mutation::Set { at, value }),
+        (at, 1u8..).prop_map(|(at, bits)| Mutation::Flip { at, bits }),
+        (at, any::<u8>()).prop_map(|(at, value)| Mutation::Set { at, value }),
         (
-            at.clone(),
+            at,
             prop_oneof![
                 Just(0u64),
                 Just(u64::MAX),
@@ -117,7 +117,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
             ]
         )
             .prop_map(|(at, value)| Mutation::Extreme { at, value }),
-        at.clone().prop_map(|at| Mutation::Truncate { at }),
+        at.prop_map(|at| Mutation::Truncate { at }),
         (at, proptest::collection::vec(any::<u8>(), 1..16))
             .prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
     ]

@@ -110,7 +110,9 @@ fn every_dtype_round_trips() {
 #[test]
 fn transposed_sliced_stepped_and_expanded_views_read_through_their_strides() {
     // storage 0..12 seen as a [3, 4] matrix m
-    let cases: [(&str, i64, &[i64], &[i64], Vec<f32>); 5] = [
+    /// What the view is in PyTorch, its offset, shape, strides, and its values.
+    type Case<'a> = (&'a str, i64, &'a [i64], &'a [i64], Vec<f32>);
+    let cases: [Case; 5] = [
         (
             "m.t()",
             0,

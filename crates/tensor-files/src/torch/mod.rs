@@ -92,7 +92,7 @@ impl<R: Read + Seek> Reader<R> {
         FileError::Layout {
             path: self.path.clone(),
             key: key.to_string(),
-            problem,
+            problem: Box::new(problem),
         }
     }
 

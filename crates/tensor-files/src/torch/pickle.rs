@@ -460,7 +460,7 @@ impl Machine<'_> {
 
 /// `[k0, v0, k1, v1, …]` as pairs.
 fn pairs(items: Vec<Value>) -> Result<Vec<(Value, Value)>, String> {
-    if items.len() % 2 != 0 {
+    if !items.len().is_multiple_of(2) {
         return Err("a dict with an odd number of keys and values".into());
     }
     let mut items = items.into_iter();
