@@ -108,21 +108,7 @@ impl OutputFile {
     }
 
     fn check(&self) -> Result<(), OutputError> {
-        let bad_path = |problem: String| OutputError::BadPath {
-            role: self.role.clone(),
-            path: self.path.clone(),
-            problem,
-        };
-        if self.path.file_name().is_none() {
-            return Err(bad_path("not a file path".into()));
-        }
-        let directory = parent(&self.path);
-        if !directory.is_dir() {
-            return Err(bad_path(format!(
-                "its directory {} does not exist",
-                directory.display()
-            )));
-        }
+        check_placeable(&self.role, &self.path, "file")?;
         let Ok(output) = std::fs::metadata(&self.path) else {
             return Ok(()); // absent (or a dangling link, which the rename replaces)
         };
@@ -223,21 +209,7 @@ impl OutputDir {
     }
 
     fn check(&self) -> Result<(), OutputError> {
-        let bad_path = |problem: String| OutputError::BadPath {
-            role: self.role.clone(),
-            path: self.path.clone(),
-            problem,
-        };
-        if self.path.file_name().is_none() {
-            return Err(bad_path("not a directory path".into()));
-        }
-        let directory = parent(&self.path);
-        if !directory.is_dir() {
-            return Err(bad_path(format!(
-                "its directory {} does not exist",
-                directory.display()
-            )));
-        }
+        check_placeable(&self.role, &self.path, "directory")?;
         let Ok(metadata) = std::fs::symlink_metadata(&self.path) else {
             return Ok(());
         };
@@ -272,6 +244,26 @@ impl OutputDir {
         }
         Ok(())
     }
+}
+
+/// Checks that `path` (the value of flag `role`) names a `what` in a directory that exists.
+fn check_placeable(role: &str, path: &Path, what: &str) -> Result<(), OutputError> {
+    let bad_path = |problem: String| OutputError::BadPath {
+        role: role.to_string(),
+        path: path.to_path_buf(),
+        problem,
+    };
+    if path.file_name().is_none() {
+        return Err(bad_path(format!("not a {what} path")));
+    }
+    let directory = parent(path);
+    if !directory.is_dir() {
+        return Err(bad_path(format!(
+            "its directory {} does not exist",
+            directory.display()
+        )));
+    }
+    Ok(())
 }
 
 /// The directory a path's file is in (`.` for a bare name).
