@@ -130,6 +130,36 @@ pub fn wgpu_device_for_test(test: &str) -> Option<WgpuDevice> {
     }
 }
 
+/// Set to run every case of every test on wgpu (see [`cases_on`]).
+pub const WGPU_ALL_CASES: &str = "WGPU_ALL_CASES";
+
+/// Whether [`WGPU_ALL_CASES`] is set (to anything but `0` or empty).
+pub fn wgpu_all_cases() -> bool {
+    std::env::var(WGPU_ALL_CASES).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The cases of a test to run on backend `B`: all of them on the CPU backends; on wgpu the first
+/// two, unless [`WGPU_ALL_CASES`] is set. Each new shape makes Burn's wgpu runtime compile and
+/// autotune kernels, which takes seconds on a software adapter (lavapipe, as in CI); two cases
+/// check the wgpu path, the CPU backends check the rest of the arithmetic.
+pub fn cases_on<B: burn::tensor::backend::Backend, T>(cases: &[T]) -> &[T] {
+    use std::any::TypeId;
+    let wgpu = [TypeId::of::<Wgpu>(), TypeId::of::<Autodiff<Wgpu>>()].contains(&TypeId::of::<B>());
+    if wgpu && !wgpu_all_cases() {
+        &cases[..cases.len().min(2)]
+    } else {
+        cases
+    }
+}
+
+/// The path of a test fixture: PyTorch's and Hugging Face's golden files, kept once, in
+/// `crates/attention-core/tests/fixtures`.
+pub fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../attention-core/tests/fixtures")
+        .join(name)
+}
+
 /// Instantiates generic test bodies `fn name<B: Backend>(device: &B::Device)` on every backend:
 /// a module per backend (`ndarray`, `flex`, `wgpu`) with one `#[test]` per body. On wgpu a test
 /// is skipped, saying why, when there is no adapter (see [`wgpu_device_for_test`]).

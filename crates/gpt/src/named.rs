@@ -8,35 +8,29 @@ use burn::prelude::*;
 
 /// Every float parameter of `module` with its path and shape, in visiting order.
 pub fn parameter_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, Vec<usize>)> {
-    struct Shapes {
-        path: Vec<String>,
-        found: Vec<(String, Vec<usize>)>,
-    }
-    impl<B: Backend> ModuleVisitor<B> for Shapes {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            self.found
-                .push((self.path.join("."), param.val().dims().to_vec()));
-        }
-    }
-    let mut shapes = Shapes {
-        path: Vec::new(),
-        found: Vec::new(),
-    };
-    module.visit(&mut shapes);
-    shapes.found
+    visit_parameters(module, false)
+        .into_iter()
+        .map(|(path, shape, _)| (path, shape))
+        .collect()
 }
 
 /// Every float parameter of `module` with its path, as data.
 pub fn named_parameters<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, TensorData)> {
+    visit_parameters(module, true)
+        .into_iter()
+        .map(|(path, _, data)| (path, data.expect("read with data")))
+        .collect()
+}
+
+/// Every float parameter's path and shape, and its data when `with_data`.
+fn visit_parameters<B: Backend, M: Module<B>>(
+    module: &M,
+    with_data: bool,
+) -> Vec<(String, Vec<usize>, Option<TensorData>)> {
     struct Collect {
         path: Vec<String>,
-        found: Vec<(String, TensorData)>,
+        with_data: bool,
+        found: Vec<(String, Vec<usize>, Option<TensorData>)>,
     }
     impl<B: Backend> ModuleVisitor<B> for Collect {
         fn enter_module(&mut self, name: &str, _: &str) {
@@ -46,12 +40,15 @@ pub fn named_parameters<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, Te
             self.path.pop();
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            self.found
-                .push((self.path.join("."), param.val().into_data()));
+            let tensor = param.val();
+            let shape = tensor.dims().to_vec();
+            let data = self.with_data.then(|| tensor.into_data());
+            self.found.push((self.path.join("."), shape, data));
         }
     }
     let mut collect = Collect {
         path: Vec::new(),
+        with_data,
         found: Vec::new(),
     };
     module.visit(&mut collect);

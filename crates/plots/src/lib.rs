@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use plotters::coord::Shift;
+use plotters::coord::ranged1d::ValueFormatter;
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
@@ -178,57 +179,53 @@ pub fn line_chart(path: &Path, axes: &Axes, series: &[Series]) -> Result<(), Plo
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60);
-    let palette = |i: usize| Palette99::pick(i).to_rgba();
     if axes.log {
-        let mut chart = builder.build_cartesian_2d(
+        let chart = builder.build_cartesian_2d(
             (x_min..x_max * 1.05).log_scale(),
             (y_min * 0.8..y_max * 1.25).log_scale(),
         )?;
-        chart
-            .configure_mesh()
-            .x_desc(&axes.x)
-            .y_desc(&axes.y)
-            .label_style((FONT_NAME, 14))
-            .draw()?;
-        for (i, s) in series.iter().enumerate() {
-            let style = palette(i).stroke_width(if s.emphasis { 3 } else { 1 });
-            chart
-                .draw_series(LineSeries::new(s.points.iter().copied(), style).point_size(3))?
-                .label(&s.label)
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 20, y)], palette(i).stroke_width(3))
-                });
-        }
-        chart
-            .configure_series_labels()
-            .label_font((FONT_NAME, 14))
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.85))
-            .draw()?;
+        draw_lines(chart, axes, series, 3)?;
     } else {
-        let mut chart = builder.build_cartesian_2d(x_min..x_max, 0.0..y_max * 1.05)?;
-        chart
-            .configure_mesh()
-            .x_desc(&axes.x)
-            .y_desc(&axes.y)
-            .label_style((FONT_NAME, 14))
-            .draw()?;
-        for (i, s) in series.iter().enumerate() {
-            let style = palette(i).stroke_width(if s.emphasis { 3 } else { 1 });
-            chart
-                .draw_series(LineSeries::new(s.points.iter().copied(), style))?
-                .label(&s.label)
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 20, y)], palette(i).stroke_width(3))
-                });
-        }
-        chart
-            .configure_series_labels()
-            .label_font((FONT_NAME, 14))
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.85))
-            .draw()?;
+        let chart = builder.build_cartesian_2d(x_min..x_max, 0.0..y_max * 1.05)?;
+        draw_lines(chart, axes, series, 0)?;
     }
     root.present()?;
+    Ok(())
+}
+
+/// The mesh, the series (with markers of `point_size` pixels, none at 0) and the legend, on
+/// either kind of axes.
+fn draw_lines<'a, X, Y>(
+    mut chart: ChartContext<'a, BitMapBackend<'a>, Cartesian2d<X, Y>>,
+    axes: &Axes,
+    series: &[Series],
+    point_size: u32,
+) -> Result<(), PlotError>
+where
+    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let palette = |i: usize| Palette99::pick(i).to_rgba();
+    chart
+        .configure_mesh()
+        .x_desc(&axes.x)
+        .y_desc(&axes.y)
+        .label_style((FONT_NAME, 14))
+        .draw()?;
+    for (i, s) in series.iter().enumerate() {
+        let style = palette(i).stroke_width(if s.emphasis { 3 } else { 1 });
+        chart
+            .draw_series(LineSeries::new(s.points.iter().copied(), style).point_size(point_size))?
+            .label(&s.label)
+            .legend(move |(x, y)| {
+                PathElement::new([(x, y), (x + 20, y)], palette(i).stroke_width(3))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .label_font((FONT_NAME, 14))
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.85))
+        .draw()?;
     Ok(())
 }

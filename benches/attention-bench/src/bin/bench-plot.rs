@@ -11,12 +11,17 @@ use std::process::ExitCode;
 
 use attention_plots::{Axes, Series, line_chart};
 
-/// The string or number after `"key":` in a flat JSON object line.
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let start = line.find(&format!("\"{key}\":"))? + key.len() + 3;
-    let rest = line[start..].trim_start();
-    let end = rest.find([',', '}'])?;
-    Some(rest[..end].trim().trim_matches('"'))
+/// The fields of a timing line that the plot reads; lines of other kinds (the sgemm ceiling,
+/// errors) lack some and are skipped.
+#[derive(serde::Deserialize)]
+struct Timing {
+    /// Ours only; PyTorch's lines have none.
+    backend: Option<String>,
+    #[serde(rename = "impl")]
+    implementation: String,
+    mode: String,
+    shape: String,
+    median_ms: f64,
 }
 
 fn main() -> ExitCode {
@@ -34,32 +39,28 @@ fn main() -> ExitCode {
     };
     // mode -> series name -> (seq, ms)
     let mut by_mode: BTreeMap<String, BTreeMap<String, Vec<(f64, f64)>>> = BTreeMap::new();
-    for line in text.lines().filter(|l| l.starts_with('{')) {
-        let (Some(mode), Some(shape), Some(median)) = (
-            field(line, "mode"),
-            field(line, "shape"),
-            field(line, "median_ms"),
-        ) else {
-            continue;
-        };
-        let sizes: Vec<&str> = shape.split('x').collect();
-        let (Some(&"1"), Some(seq), Ok(median)) = (
+    for timing in text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Timing>(line).ok())
+    {
+        let sizes: Vec<&str> = timing.shape.split('x').collect();
+        let (Some(&"1"), Some(seq)) = (
             sizes.first(),
             sizes.get(1).and_then(|s| s.parse::<f64>().ok()),
-            median.parse::<f64>(),
         ) else {
             continue;
         };
-        let name = match field(line, "backend") {
-            Some(backend) => format!("{backend}/{}", field(line, "impl").unwrap_or("?")),
-            None => format!("pytorch/{}", field(line, "impl").unwrap_or("?")),
-        };
+        let name = format!(
+            "{}/{}",
+            timing.backend.as_deref().unwrap_or("pytorch"),
+            timing.implementation
+        );
         by_mode
-            .entry(mode.to_string())
+            .entry(timing.mode)
             .or_default()
             .entry(name)
             .or_default()
-            .push((seq, median));
+            .push((seq, timing.median_ms));
     }
     std::fs::create_dir_all(out_dir).ok();
     for (mode, series) in by_mode {
