@@ -29,6 +29,11 @@ pub struct Shape {
     pub dim: usize,
     /// Heads.
     pub heads: usize,
+    /// Key/value heads (grouped-query attention); `heads` unless set (the runner's
+    /// `--num-kv-heads`).
+    pub kv_heads: usize,
+    /// Sliding window (the runner's `--sliding-window`); none unless set.
+    pub window: Option<usize>,
 }
 
 impl FromStr for Shape {
@@ -49,6 +54,8 @@ impl FromStr for Shape {
                     seq,
                     dim,
                     heads,
+                    kv_heads: heads,
+                    window: None,
                 })
             }
             [_, _, dim, heads] if heads > 0 && dim % heads != 0 => {
@@ -174,7 +181,10 @@ fn sync<B: Backend>(device: &B::Device) {
 
 fn our_layer<B: Backend>(shape: Shape, device: &B::Device) -> MultiHeadAttention<B> {
     B::seed(device, 0);
-    MultiHeadAttentionConfig::new(shape.dim, shape.dim, shape.seq, shape.heads).init(device)
+    MultiHeadAttentionConfig::new(shape.dim, shape.dim, shape.seq, shape.heads)
+        .with_num_kv_heads(Some(shape.kv_heads))
+        .with_sliding_window(shape.window)
+        .init(device)
 }
 
 fn input<B: Backend>(shape: Shape, seq: usize, device: &B::Device) -> Tensor<B, 3> {
@@ -267,6 +277,11 @@ pub fn supports(implementation: Impl, mode: Mode, shape: Shape) -> Result<(), Un
             gib(available)
         )));
     }
+    if implementation == Impl::BurnNn && (shape.kv_heads != shape.heads || shape.window.is_some()) {
+        return Err(Unsupported(
+            "burn-nn has no grouped key/value heads or sliding window".into(),
+        ));
+    }
     if mode != Mode::Decode {
         return Ok(());
     }
@@ -330,11 +345,14 @@ pub fn prepare<B: Backend>(
             Ok(Case {
                 run: Box::new(move || {
                     let y = layer
-                        .forward_cached_with(token.clone(), &mut cache, path)
+                        .forward_cached_with(
+                            AttentionInput::new(token.clone()).path(path),
+                            &mut cache,
+                        )
                         .expect("room for one");
                     drop(y);
                     sync::<B>(&device);
-                    cache.truncate(shape.seq - 1);
+                    cache.truncate(shape.seq - 1).expect("no window");
                 }),
             })
         }

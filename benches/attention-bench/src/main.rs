@@ -3,10 +3,11 @@
 //!
 //! ```text
 //! cargo run --release -p attention-bench -- --backend flex --impl fused --mode fwd \
-//!     --shape 1x1024x768x12 --shape 4x512x768x12 --repeats 10
+//!     --shape 1x1024x768x12 --shape 4x512x768x12 --repeats 10 --threads 2
 //! ```
 
-use std::process::ExitCode;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use attention_backends::{BackendName, OnBackend, dispatch};
@@ -30,10 +31,66 @@ struct Args {
     repeats: usize,
     #[arg(long, default_value_t = 2)]
     warmup: usize,
+    /// Key/value heads (grouped-query attention); must divide every shape's heads. Default: as
+    /// many as heads.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    num_kv_heads: Option<u32>,
+    /// Keys each query sees at most (sliding-window attention). Default: all earlier ones.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    sliding_window: Option<u32>,
+    /// Threads of every pool (rayon's, matrixmultiply's); default: what each pool picks, usually
+    /// one per core.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
+}
+
+/// The environment variables that size the thread pools our backends use: rayon's (our kernel,
+/// burn-flex, burn-ndarray's own loops) and matrixmultiply's (burn-ndarray's matmul and the
+/// kernel's block products).
+const THREAD_POOL_VARS: [&str; 2] = ["RAYON_NUM_THREADS", "MATMUL_NUM_THREADS"];
+
+/// One JSON line per shape.
+#[derive(serde::Serialize)]
+struct Record<'a> {
+    backend: &'a str,
+    #[serde(rename = "impl")]
+    implementation: &'static str,
+    mode: &'static str,
+    shape: String,
+    num_kv_heads: usize,
+    sliding_window: Option<usize>,
+    /// The size of rayon's pool as this process found it.
+    threads: usize,
+    repeats: usize,
+    median_ms: f64,
+    min_ms: f64,
+    max_ms: f64,
+    gflops: f64,
+    peak_rss_mib: f64,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(threads) = args.threads {
+        let wanted = threads.to_string();
+        if THREAD_POOL_VARS
+            .iter()
+            .any(|var| std::env::var(var).ok().as_deref() != Some(&wanted))
+        {
+            // Each pool reads its variable once, when it starts; setting them in this process
+            // would race with those reads (and is `unsafe` in Rust 2024), so run again with them.
+            let mut again = Command::new(std::env::current_exe().expect("own path"));
+            again.args(std::env::args_os().skip(1));
+            for var in THREAD_POOL_VARS {
+                again.env(var, &wanted);
+            }
+            eprintln!(
+                "error: could not run again with {threads} threads: {}",
+                again.exec()
+            );
+            return ExitCode::from(2);
+        }
+    }
     let outcome = dispatch(args.backend, Runner(&args))
         .unwrap_or_else(|no_adapter| Err(Unsupported(no_adapter.to_string())));
     match outcome {
@@ -61,6 +118,18 @@ fn run<B: Backend>(backend: &str, device: &B::Device, args: &Args) -> Result<(),
         return Err(Unsupported("--repeats must be at least 1".into()));
     }
     for &shape in &args.shapes {
+        let mut shape = shape;
+        if let Some(kv_heads) = args.num_kv_heads {
+            let kv_heads = kv_heads as usize;
+            if !shape.heads.is_multiple_of(kv_heads) {
+                return Err(Unsupported(format!(
+                    "shape `{shape}`: --num-kv-heads {kv_heads} does not divide {} heads",
+                    shape.heads
+                )));
+            }
+            shape.kv_heads = kv_heads;
+        }
+        shape.window = args.sliding_window.map(|window| window as usize);
         reset_peak_rss();
         let mut case = prepare::<B>(args.implementation, args.mode, shape, device)?;
         let mut times: Vec<f64> = case
@@ -75,16 +144,24 @@ fn run<B: Backend>(backend: &str, device: &B::Device, args: &Args) -> Result<(),
             (times[times.len() / 2 - 1] + times[times.len() / 2]) / 2.0
         };
         let gflops = args.mode.flops(shape) / median / 1e9;
-        println!(
-            "{{\"backend\":\"{backend}\",\"impl\":\"{}\",\"mode\":\"{}\",\"shape\":\"{shape}\",\"repeats\":{},\"median_ms\":{:.4},\"min_ms\":{:.4},\"max_ms\":{:.4},\"gflops\":{},\"peak_rss_mib\":{:.1}}}",
-            args.implementation.name(),
-            args.mode.name(),
-            times.len(),
-            median * 1e3,
-            times[0] * 1e3,
-            times[times.len() - 1] * 1e3,
+        let record = Record {
+            backend,
+            implementation: args.implementation.name(),
+            mode: args.mode.name(),
+            shape: shape.to_string(),
+            num_kv_heads: shape.kv_heads,
+            sliding_window: shape.window,
+            threads: rayon::current_num_threads(),
+            repeats: times.len(),
+            median_ms: median * 1e3,
+            min_ms: times[0] * 1e3,
+            max_ms: times[times.len() - 1] * 1e3,
             gflops,
-            peak_rss_mib(),
+            peak_rss_mib: peak_rss_mib(),
+        };
+        println!(
+            "{}",
+            serde_json::to_string(&record).expect("a record serializes")
         );
     }
     Ok(())

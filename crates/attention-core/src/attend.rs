@@ -41,7 +41,8 @@ pub(crate) struct AttentionScores<B: Backend> {
     pub weights: Tensor<B, 4>,
 }
 
-/// The mask of queries `q` that follow `past` cached positions, with optional key padding.
+/// The mask of queries `q` that follow `past` cached positions, with optional key padding and
+/// sliding window.
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, queries, head_dim]`; `key_padding`: `[batch, past + queries]`
@@ -50,9 +51,15 @@ pub(crate) fn mask_for<B: Backend>(
     q: &Tensor<B, 4>,
     past: usize,
     key_padding: Option<Tensor<B, 2, Bool>>,
+    window: Option<usize>,
 ) -> Tensor<B, 4, Bool> {
     let [batch, heads, queries, _] = q.dims();
-    attention_mask([batch, heads, queries, past], key_padding, &q.device())
+    attention_mask(
+        [batch, heads, queries, past],
+        key_padding,
+        window,
+        &q.device(),
+    )
 }
 
 /// The chapter's attention: `dropout(softmax(masked_fill(q kᵀ, mask, -inf) / √head_dim)) v`.
@@ -112,8 +119,9 @@ pub fn masked_softmax<B: Backend>(scaled: Tensor<B, 4>, mask: Tensor<B, 4, Bool>
 }
 
 /// Burn's fused attention with its causal mask (aligned bottom-right, so `queries < keys` means
-/// the queries are the last positions) and an optional key-padding mask. Scale left at its
-/// default `1/√head_dim`: passing it explicitly sends cubecl to its slow fallback.
+/// the queries are the last positions), an optional key-padding mask and an optional sliding
+/// window (passed as a mask). Scale left at its default `1/√head_dim`: passing it explicitly
+/// sends cubecl to its slow fallback.
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, queries, head_dim]`; `k`, `v`: `[batch, heads, keys, head_dim]`
@@ -124,13 +132,17 @@ pub(crate) fn fused<B: Backend>(
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
     key_padding: Option<Tensor<B, 2, Bool>>,
+    window: Option<usize>,
 ) -> Tensor<B, 4> {
     let [batch, heads, queries, _] = q.dims();
     let keys = k.dims()[2];
-    let padding = key_padding.map(|mask| {
-        mask.reshape([batch, 1, 1, keys])
-            .expand([batch, heads, queries, keys])
-    });
+    let padding = match window.filter(|&window| window < keys) {
+        Some(window) => Some(mask_for(&q, keys - queries, key_padding, Some(window))),
+        None => key_padding.map(|mask| {
+            mask.reshape([batch, 1, 1, keys])
+                .expand([batch, heads, queries, keys])
+        }),
+    };
     let options = AttentionModuleOptions {
         scale: None,
         softcap: None,

@@ -4,27 +4,52 @@ use burn::prelude::*;
 
 use crate::error::AttentionError;
 
-/// Keys and values of every position a layer has seen so far, for
+/// Keys and values of the positions a layer has seen, for
 /// [`MultiHeadAttention::forward_cached`](crate::MultiHeadAttention::forward_cached).
 ///
 /// Storage grows on demand, doubling (at least [`MIN_POSITIONS`](Self::MIN_POSITIONS), at most
 /// `capacity` positions), from the first step on (whose batch size the cache then keeps); each
 /// step writes its keys and values into it in place, so a step costs attention over the cached
 /// positions, not a copy of the cache. A layer with a huge `context_length` therefore costs
-/// memory only for the positions it actually sees. Made by
+/// memory only for the positions it actually sees. With a sliding window of `W` keys the cache
+/// keeps only what a later query can still see, the last `W − 1` positions: when its storage is
+/// full it moves those to the front instead of growing, so its memory stays `O(W)` however long
+/// the generation (a move every `W` or more positions). Made by
 /// [`MultiHeadAttention::new_cache`](crate::MultiHeadAttention::new_cache).
 ///
 /// # Shapes
-/// - keys, values: `[batch, heads, allocated, head_dim]` with `len ≤ allocated ≤ capacity`, the
-///   first [`len`](Self::len) positions filled
+/// - keys, values: `[batch, kv_heads, allocated, head_dim]`, slots `0..len − start` holding
+///   positions `start..len`
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {
     heads: usize,
     head_dim: usize,
     capacity: usize,
+    window: Option<usize>,
     len: usize,
+    /// The position in storage slot 0 (positions before it were dropped by the window).
+    start: usize,
     /// `(keys, values)`, allocated at the first step and grown as needed.
     storage: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+}
+
+/// How [`KvCache::append`] will store a step, decided (and checked) by [`KvCache::plan`] before
+/// anything changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// Positions the storage will have room for.
+    allocate: usize,
+    /// Past positions this step's queries see (all cached ones, or the last `window − 1`).
+    keep: usize,
+    /// Whether the kept positions move to the front of new storage first (a window cache).
+    compact: bool,
+}
+
+impl Plan {
+    /// Keys the step's `new` queries attend over: the kept past and the new positions.
+    pub(crate) fn keys_seen(&self, new: usize) -> usize {
+        self.keep + new
+    }
 }
 
 impl<B: Backend> KvCache<B> {
@@ -37,12 +62,21 @@ impl<B: Backend> KvCache<B> {
             heads,
             head_dim,
             capacity,
+            window: None,
             len: 0,
+            start: 0,
             storage: None,
         }
     }
 
-    /// Positions cached so far.
+    /// The same cache, keeping only the positions a sliding window of `window` keys can still
+    /// reach.
+    pub fn with_window(mut self, window: Option<usize>) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// Positions seen so far (the next token's position).
     pub fn len(&self) -> usize {
         self.len
     }
@@ -52,7 +86,7 @@ impl<B: Backend> KvCache<B> {
         self.len == 0
     }
 
-    /// The most positions the cache can hold (the layer's `context_length`).
+    /// The most positions the cache can see (the layer's `context_length`).
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -66,13 +100,30 @@ impl<B: Backend> KvCache<B> {
     /// Empties the cache (and forgets its batch size), to start a new sequence.
     pub fn reset(&mut self) {
         self.len = 0;
+        self.start = 0;
         self.storage = None;
     }
 
     /// Forgets every position from `len` on (keeping the storage and the batch size), e.g. to
     /// rewind after a rejected draft. Does nothing when `len` is not below [`len`](Self::len).
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+    /// A window cache that has already dropped positions a query at `len` would see cannot
+    /// rewind there: [`AttentionError::CacheRewind`], and the cache is left as it was.
+    pub fn truncate(&mut self, len: usize) -> Result<(), AttentionError> {
+        if len >= self.len {
+            return Ok(());
+        }
+        let needed_from = match self.window {
+            Some(window) => (len + 1).saturating_sub(window),
+            None => 0,
+        };
+        if needed_from < self.start {
+            return Err(AttentionError::CacheRewind {
+                to: len,
+                kept_from: self.start,
+            });
+        }
+        self.len = len;
+        Ok(())
     }
 
     pub(crate) fn check_layout(
@@ -109,70 +160,105 @@ impl<B: Backend> KvCache<B> {
         self.storage.as_ref().map_or(0, |(keys, _)| keys.dims()[2])
     }
 
-    /// Checks that `new` more positions of a batch of `batch` can be stored, and returns how many
-    /// positions the storage must then have. Changes nothing.
-    pub(crate) fn plan(&self, batch: usize, new: usize) -> Result<usize, AttentionError> {
-        let needed = self.len + new;
+    /// Checks that `new` more positions of a batch of `batch` can be stored, and decides how.
+    /// Changes nothing.
+    pub(crate) fn plan(&self, batch: usize, new: usize) -> Result<Plan, AttentionError> {
+        let stored = self.len - self.start;
+        let keep = match self.window {
+            Some(window) => stored.min(window - 1),
+            None => stored,
+        };
         let allocated = self.allocated();
-        if needed <= allocated {
-            return Ok(allocated);
-        }
-        let grown = needed
-            .max(allocated.saturating_mul(2))
-            .max(Self::MIN_POSITIONS)
-            .min(self.capacity);
+        let plan = if stored + new <= allocated {
+            Plan {
+                allocate: allocated,
+                keep,
+                compact: false,
+            }
+        } else if let Some(window) = self.window {
+            // Room for the kept positions, this step and a window's worth of steps after it.
+            Plan {
+                allocate: (keep + new + window)
+                    .max(Self::MIN_POSITIONS)
+                    .min(self.capacity),
+                keep,
+                compact: true,
+            }
+        } else {
+            Plan {
+                allocate: (stored + new)
+                    .max(allocated.saturating_mul(2))
+                    .max(Self::MIN_POSITIONS)
+                    .min(self.capacity),
+                keep,
+                compact: false,
+            }
+        };
         let too_large = AttentionError::CacheTooLarge {
             batch,
             heads: self.heads,
             head_dim: self.head_dim,
-            positions: grown,
+            positions: plan.allocate,
         };
         // Two tensors of up to 8-byte elements must stay addressable.
-        [batch, self.heads, grown, self.head_dim, 16]
+        [batch, self.heads, plan.allocate, self.head_dim, 16]
             .iter()
             .try_fold(1usize, |bytes, &n| bytes.checked_mul(n))
             .filter(|&bytes| bytes <= isize::MAX as usize)
             .ok_or(too_large)?;
-        Ok(grown)
+        Ok(plan)
     }
 
-    /// Writes the new positions' keys and values after the cached ones and returns all of them.
-    /// The caller has checked that they fit ([`plan`](Self::plan)).
+    /// Writes the new positions' keys and values after the cached ones and returns those the
+    /// new queries see: the kept past positions and the new ones. The caller has checked that
+    /// they fit ([`plan`](Self::plan)).
     ///
     /// # Shapes
-    /// - `keys`, `values`: `[batch, heads, new, head_dim]`
-    /// - output: two `[batch, heads, len + new, head_dim]`
+    /// - `keys`, `values`: `[batch, kv_heads, new, head_dim]`
+    /// - output: two `[batch, kv_heads, keep + new, head_dim]`
     pub(crate) fn append(
         &mut self,
         keys: Tensor<B, 4>,
         values: Tensor<B, 4>,
-        allocate: usize,
+        plan: Plan,
     ) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let [batch, heads, new, head_dim] = keys.dims();
-        let (start, end) = (self.len, self.len + new);
-        let grow = |old: Option<Tensor<B, 4>>| {
-            let device = keys.device();
-            let storage = Tensor::zeros([batch, heads, allocate, head_dim], &device);
+        let stored = self.len - self.start;
+        // Slots of the positions to carry into new storage: all of them, or the kept ones.
+        let carried = if plan.compact {
+            stored - plan.keep..stored
+        } else {
+            0..stored
+        };
+        let move_to = |old: Option<Tensor<B, 4>>| {
+            let storage = Tensor::zeros([batch, heads, plan.allocate, head_dim], &keys.device());
             match old {
-                Some(old) if start > 0 => storage.slice_assign(
-                    [0..batch, 0..heads, 0..start, 0..head_dim],
-                    old.narrow(2, 0, start),
+                Some(old) if !carried.is_empty() => storage.slice_assign(
+                    [0..batch, 0..heads, 0..carried.len(), 0..head_dim],
+                    old.narrow(2, carried.start, carried.len()),
                 ),
                 _ => storage,
             }
         };
         let (all_keys, all_values) = match self.storage.take() {
-            Some((keys, values)) if keys.dims()[2] >= allocate => (keys, values),
-            Some((keys, values)) => (grow(Some(keys)), grow(Some(values))),
-            None => (grow(None), grow(None)),
+            Some((keys, values)) if !plan.compact && keys.dims()[2] >= plan.allocate => {
+                (keys, values)
+            }
+            Some((keys, values)) => (move_to(Some(keys)), move_to(Some(values))),
+            None => (move_to(None), move_to(None)),
         };
+        if plan.compact {
+            self.start = self.len - plan.keep;
+        }
+        let at = self.len - self.start;
         // The storage is uniquely owned here, so backends write the slice in place.
-        let all_keys = all_keys.slice_assign([0..batch, 0..heads, start..end, 0..head_dim], keys);
-        let all_values =
-            all_values.slice_assign([0..batch, 0..heads, start..end, 0..head_dim], values);
-        self.len = end;
-        let filled = |tensor: &Tensor<B, 4>| tensor.clone().narrow(2, 0, end);
-        let seen = (filled(&all_keys), filled(&all_values));
+        let slots = [0..batch, 0..heads, at..at + new, 0..head_dim];
+        let all_keys = all_keys.slice_assign(slots.clone(), keys);
+        let all_values = all_values.slice_assign(slots, values);
+        self.len += new;
+        let seen = at - plan.keep..at + new;
+        let view = |tensor: &Tensor<B, 4>| tensor.clone().narrow(2, seen.start, seen.len());
+        let seen = (view(&all_keys), view(&all_values));
         self.storage = Some((all_keys, all_values));
         seen
     }

@@ -23,6 +23,40 @@ pub enum AttentionError {
         /// The configured number of heads.
         num_heads: usize,
     },
+    /// `num_kv_heads` does not divide `num_heads` (each key/value head serves a whole group of
+    /// query heads).
+    #[error("`num_heads` ({num_heads}) must be divisible by `num_kv_heads` ({num_kv_heads})")]
+    KvHeadsDoNotDivide {
+        /// The configured number of query heads.
+        num_heads: usize,
+        /// The configured number of key/value heads.
+        num_kv_heads: usize,
+    },
+    /// Rotary embeddings rotate pairs of features: the head width must be even.
+    #[error("rotary embeddings need an even head_dim, got {0}")]
+    RopeOddHeadDim(usize),
+    /// A rotary-embedding parameter is not finite, not positive, or out of order.
+    #[error("rotary embedding `{name}` is invalid: {value}")]
+    RopeParameter {
+        /// The parameter.
+        name: &'static str,
+        /// Its value.
+        value: f64,
+    },
+    /// A `rope_type` this layer does not implement.
+    #[error("rope_type `{0}` is not supported (supported: default, linear, llama3)")]
+    RopeType(String),
+    /// Hugging Face's `rope_scaling` JSON could not be read.
+    #[error("rope scaling: {0}")]
+    RopeScaling(String),
+    /// Positions whose shape is not `[batch, seq]` of the input.
+    #[error("positions have shape {found:?}, expected [batch, seq] = {expected:?}")]
+    PositionsShape {
+        /// `[batch, seq]` of the input.
+        expected: [usize; 2],
+        /// The positions' shape.
+        found: [usize; 2],
+    },
     /// The dropout probability is outside `[0, 1)`.
     #[error("`dropout` must be in [0, 1), got {0}")]
     DropoutOutOfRange(f64),
@@ -78,8 +112,9 @@ pub enum AttentionError {
         /// The layer's `context_length`.
         context_length: usize,
     },
-    /// A key-padding mask whose shape is not `[batch, seq]` of the input.
-    #[error("key-padding mask has shape {found:?}, expected [batch, seq] = {expected:?}")]
+    /// A key-padding mask whose shape is not `[batch, keys]`: the input's `[batch, seq]`, or
+    /// with a cache `[batch, cached + seq]`.
+    #[error("key-padding mask has shape {found:?}, expected [batch, keys] = {expected:?}")]
     PaddingShape {
         /// `[batch, seq]` of the input.
         expected: [usize; 2],
@@ -93,6 +128,18 @@ pub enum AttentionError {
         expected: usize,
         /// The input's batch size.
         found: usize,
+    },
+    /// A sliding-window cache asked to rewind to a position whose window reaches keys it has
+    /// already dropped.
+    #[error(
+        "cannot rewind the cache to {to} positions: its window has dropped positions before \
+         {kept_from}"
+    )]
+    CacheRewind {
+        /// The length asked for.
+        to: usize,
+        /// The first position the cache still holds.
+        kept_from: usize,
     },
     /// The cache was made for a layer of another shape.
     #[error(

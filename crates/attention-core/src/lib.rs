@@ -36,6 +36,7 @@ mod error;
 mod flash;
 pub mod mask;
 mod mha;
+mod rope;
 mod route;
 pub mod weights;
 
@@ -46,3 +47,4 @@ pub use mha::{
     AttentionInput, AttentionTrace, EXPLICIT_SCORES_LIMIT, MultiHeadAttention,
     MultiHeadAttentionConfig,
 };
+pub use rope::{Llama3Scaling, RopeConfig, RopeLayout, RopeScaling};

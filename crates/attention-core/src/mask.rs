@@ -17,11 +17,36 @@ pub fn causal_mask<B: Backend>(
     past: usize,
     device: &B::Device,
 ) -> Tensor<B, 2, Bool> {
-    // `tril_mask` is `true` where column > row + offset, i.e. outside the lower triangle.
-    Tensor::tril_mask([queries, past + queries], past as i64, device)
+    causal_window_mask(queries, past, None, device)
 }
 
-/// The causal mask combined with an optional key-padding mask, broadcast to every head.
+/// The causal mask of [`causal_mask`], with a sliding window: query `i` (absolute position
+/// `p = past + i`) sees key `j` iff `j ≤ p` and `p − j < window` — at most `window` keys, its own
+/// included (Hugging Face's `sliding_window_causal_mask_function`).
+///
+/// # Shapes
+/// - output: `[queries, past + queries]`, `true` = masked
+pub fn causal_window_mask<B: Backend>(
+    queries: usize,
+    past: usize,
+    window: Option<usize>,
+    device: &B::Device,
+) -> Tensor<B, 2, Bool> {
+    let shape = [queries, past + queries];
+    // `tril_mask` is `true` where column > row + offset, i.e. outside the lower triangle.
+    let causal = Tensor::tril_mask(shape, past as i64, device);
+    match window {
+        // `triu_mask` is `true` where column < row + offset: keys older than the window.
+        Some(window) if window <= past + queries => {
+            let too_old = Tensor::triu_mask(shape, past as i64 + 1 - window as i64, device);
+            causal.bool_or(too_old)
+        }
+        _ => causal,
+    }
+}
+
+/// The causal (and window) mask combined with an optional key-padding mask, broadcast to every
+/// head.
 ///
 /// # Shapes
 /// - `key_padding`: `[batch, keys]`, `true` = padding token (never attended to)
@@ -29,10 +54,11 @@ pub fn causal_mask<B: Backend>(
 pub fn attention_mask<B: Backend>(
     [batch, heads, queries, past]: [usize; 4],
     key_padding: Option<Tensor<B, 2, Bool>>,
+    window: Option<usize>,
     device: &B::Device,
 ) -> Tensor<B, 4, Bool> {
     let keys = past + queries;
-    let causal = causal_mask::<B>(queries, past, device)
+    let causal = causal_window_mask::<B>(queries, past, window, device)
         .reshape([1, 1, queries, keys])
         .expand([batch, 1, queries, keys]);
     let mask = match key_padding {

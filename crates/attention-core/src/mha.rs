@@ -2,67 +2,117 @@
 
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::Bool;
+use burn::tensor::{Bool, Int};
 
 use crate::attend::{self, AttentionPath, AttentionScores};
 use crate::cache::KvCache;
 use crate::error::AttentionError;
 use crate::flash::{self, FlashInputs};
+use crate::rope::{Positions, RopeConfig, Rotary};
 use crate::route::{Call, Route, route};
 
 /// Configuration of a causal [`MultiHeadAttention`] layer, with the parameter names of the source
 /// chapter's `MultiHeadAttention(input_dim, output_dim, context_length, dropout, num_heads,
-/// qkv_bias)`.
+/// qkv_bias)`, and what the Llama family adds: grouped key/value heads, a head width of its own,
+/// rotary positions and a sliding window.
+///
+/// ```
+/// # use attention_core::{MultiHeadAttentionConfig, RopeConfig};
+/// // Mistral-style: 32 query heads sharing 8 key/value heads, RoPE, a 4096-token window.
+/// let config = MultiHeadAttentionConfig::new(4096, 4096, 32768, 32)
+///     .with_num_kv_heads(Some(8))
+///     .with_output_bias(false)
+///     .with_rope(Some(RopeConfig::new().with_theta(1e6)))
+///     .with_sliding_window(Some(4096));
+/// assert!(config.validate().is_ok());
+/// ```
 #[derive(Config, Debug)]
 pub struct MultiHeadAttentionConfig {
     /// Features of each input token.
     pub input_dim: usize,
-    /// Features of each output token; split into `num_heads` heads of `output_dim / num_heads`.
+    /// Features of each output token (the output projection's width).
     pub output_dim: usize,
     /// The longest sequence the layer accepts (and the capacity of its [`KvCache`]).
     pub context_length: usize,
-    /// Number of attention heads; must divide `output_dim`.
+    /// Number of query heads; must divide `output_dim` unless `head_dim` is given.
     pub num_heads: usize,
     /// Dropout probability on the attention weights, applied after the softmax. Default: `0.0`.
     /// Active only on an autodiff backend, as Burn's [`Dropout`] is.
     #[config(default = 0.0)]
     pub dropout: f64,
     /// Whether the query, key and value projections have a bias. Default: `false`.
-    /// The output projection always has one.
     #[config(default = false)]
     pub qkv_bias: bool,
+    /// Whether the output projection has a bias. Default: `true` (the chapter's layer; Llama,
+    /// Qwen2 and Mistral have none).
+    #[config(default = true)]
+    pub output_bias: bool,
+    /// Key/value heads, shared by groups of `num_heads / num_kv_heads` query heads (query head
+    /// `i` reads key/value head `i / (num_heads / num_kv_heads)`, as Hugging Face's `repeat_kv`);
+    /// must divide `num_heads`. Default: `num_heads` (multi-head attention); 1 is multi-query.
+    #[config(default = "None")]
+    pub num_kv_heads: Option<usize>,
+    /// Features per head. Default: `output_dim / num_heads`.
+    #[config(default = "None")]
+    pub head_dim: Option<usize>,
+    /// Rotary position embeddings on queries and keys. Default: none (the chapter's layer has no
+    /// positions of its own).
+    #[config(default = "None")]
+    pub rope: Option<RopeConfig>,
+    /// Keys each query sees at most, its own included (query `i` sees `j` iff `j ≤ i` and
+    /// `i − j < window`). Default: every earlier key.
+    #[config(default = "None")]
+    pub sliding_window: Option<usize>,
 }
 
 impl MultiHeadAttentionConfig {
-    /// Checks the config: every size at least 1, `num_heads` divides `output_dim`, `dropout` in
-    /// `[0, 1)`.
+    /// Checks the config: every size at least 1, `num_heads` divides `output_dim` (without a
+    /// `head_dim`), `num_kv_heads` divides `num_heads`, `dropout` in `[0, 1)`, the rotary
+    /// embedding's parameters (and an even head width) and a window of at least 1.
     pub fn validate(&self) -> Result<(), AttentionError> {
         for (name, value) in [
             ("input_dim", self.input_dim),
             ("output_dim", self.output_dim),
             ("context_length", self.context_length),
             ("num_heads", self.num_heads),
+            ("num_kv_heads", self.num_kv_heads.unwrap_or(1)),
+            ("head_dim", self.head_dim.unwrap_or(1)),
+            ("sliding_window", self.sliding_window.unwrap_or(1)),
         ] {
             if value == 0 {
                 return Err(AttentionError::ZeroSize { name });
             }
         }
-        if !self.output_dim.is_multiple_of(self.num_heads) {
+        if self.head_dim.is_none() && !self.output_dim.is_multiple_of(self.num_heads) {
             return Err(AttentionError::HeadsDoNotDivide {
                 output_dim: self.output_dim,
                 num_heads: self.num_heads,
+            });
+        }
+        if !self.num_heads.is_multiple_of(self.num_kv_heads()) {
+            return Err(AttentionError::KvHeadsDoNotDivide {
+                num_heads: self.num_heads,
+                num_kv_heads: self.num_kv_heads(),
             });
         }
         // Written so that NaN fails too.
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(AttentionError::DropoutOutOfRange(self.dropout));
         }
+        if let Some(rope) = &self.rope {
+            rope.validate(self.head_dim())?;
+        }
         Ok(())
     }
 
-    /// Width of one head: `output_dim / num_heads`.
+    /// Width of one head: `head_dim` if given, else `output_dim / num_heads`.
     pub fn head_dim(&self) -> usize {
-        self.output_dim / self.num_heads
+        self.head_dim.unwrap_or(self.output_dim / self.num_heads)
+    }
+
+    /// Key/value heads: `num_kv_heads` if given, else `num_heads`.
+    pub fn num_kv_heads(&self) -> usize {
+        self.num_kv_heads.unwrap_or(self.num_heads)
     }
 
     /// Initializes a layer with PyTorch's default `nn.Linear` initialization
@@ -72,19 +122,26 @@ impl MultiHeadAttentionConfig {
         device: &B::Device,
     ) -> Result<MultiHeadAttention<B>, AttentionError> {
         self.validate()?;
-        let projection = |bias| {
-            LinearConfig::new(self.input_dim, self.output_dim)
-                .with_bias(bias)
+        let (head_dim, kv_heads) = (self.head_dim(), self.num_kv_heads());
+        let projection = |heads: usize| {
+            LinearConfig::new(self.input_dim, heads * head_dim)
+                .with_bias(self.qkv_bias)
                 .init(device)
         };
         Ok(MultiHeadAttention {
-            query_layer: projection(self.qkv_bias),
-            key_layer: projection(self.qkv_bias),
-            value_layer: projection(self.qkv_bias),
-            output_layer: LinearConfig::new(self.output_dim, self.output_dim).init(device),
+            query_layer: projection(self.num_heads),
+            key_layer: projection(kv_heads),
+            value_layer: projection(kv_heads),
+            output_layer: LinearConfig::new(self.num_heads * head_dim, self.output_dim)
+                .with_bias(self.output_bias)
+                .init(device),
             dropout: DropoutConfig::new(self.dropout).init(),
             num_heads: self.num_heads,
+            num_kv_heads: kv_heads,
+            head_dim,
             context_length: self.context_length,
+            rope: self.rope.clone(),
+            sliding_window: self.sliding_window,
         })
     }
 
@@ -98,31 +155,41 @@ impl MultiHeadAttentionConfig {
     }
 }
 
-/// Causal multi-head self-attention, as in GPT.
+/// Causal multi-head self-attention, as in GPT, and as in Llama with grouped key/value heads,
+/// rotary positions and a sliding window when its config asks for them.
 ///
 /// `y = output_layer(merge_heads(dropout(softmax(mask(q kᵀ) / √head_dim)) v))` with
-/// `q, k, v = query_layer(x), key_layer(x), value_layer(x)` split into heads; head `j` owns
-/// features `[j·head_dim, (j+1)·head_dim)`. The field names are the keys of the reference's
-/// PyTorch `state_dict`, so weights map one to one (see [`crate::weights`]).
+/// `q, k, v = query_layer(x), key_layer(x), value_layer(x)` split into heads (head `j` owns
+/// features `[j·head_dim, (j+1)·head_dim)`), `q` and `k` rotated by their positions when the layer
+/// has RoPE, and query head `i` attending with key/value head `i / (heads / kv_heads)`. The field
+/// names are the keys of the reference's PyTorch `state_dict`, so weights map one to one (see
+/// [`crate::weights`] for the GPT-2 and Hugging Face Llama key names).
 ///
 /// Burn's [`Linear`] stores its weight as `[in, out]`, the transpose of PyTorch's `nn.Linear`.
 #[derive(Module, Debug)]
 pub struct MultiHeadAttention<B: Backend> {
-    /// Query projection, `input_dim → output_dim`.
+    /// Query projection, `input_dim → num_heads · head_dim`.
     pub query_layer: Linear<B>,
-    /// Key projection, `input_dim → output_dim`.
+    /// Key projection, `input_dim → num_kv_heads · head_dim`.
     pub key_layer: Linear<B>,
-    /// Value projection, `input_dim → output_dim`.
+    /// Value projection, `input_dim → num_kv_heads · head_dim`.
     pub value_layer: Linear<B>,
-    /// Output projection, `output_dim → output_dim`, with bias.
+    /// Output projection, `num_heads · head_dim → output_dim`.
     pub output_layer: Linear<B>,
     /// Dropout on the attention weights (after the softmax).
     pub dropout: Dropout,
     num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
     context_length: usize,
+    #[module(skip)]
+    rope: Option<RopeConfig>,
+    #[module(skip)]
+    sliding_window: Option<usize>,
 }
 
-/// A forward pass's input beyond the tokens: an optional key-padding mask and the path to take.
+/// A forward pass's input beyond the tokens: an optional key-padding mask, the tokens' positions
+/// (for rotary embeddings) and the path to take.
 ///
 /// ```
 /// # use attention_core::{AttentionInput, AttentionPath};
@@ -141,25 +208,40 @@ pub struct MultiHeadAttention<B: Backend> {
 pub struct AttentionInput<B: Backend> {
     x: Tensor<B, 3>,
     key_padding: Option<Tensor<B, 2, Bool>>,
+    positions: Option<Tensor<B, 2, Int>>,
     path: AttentionPath,
 }
 
 impl<B: Backend> AttentionInput<B> {
-    /// Tokens `x` of shape `[batch, seq, input_dim]`, no padding, [`AttentionPath::Auto`].
+    /// Tokens `x` of shape `[batch, seq, input_dim]`, no padding, positions counted from the
+    /// first token (or from the cache's length), [`AttentionPath::Auto`].
     pub fn new(x: Tensor<B, 3>) -> Self {
         Self {
             x,
             key_padding: None,
+            positions: None,
             path: AttentionPath::Auto,
         }
     }
 
-    /// Marks padding tokens, which no query attends to.
+    /// Marks padding tokens, which no query attends to. With a cache, the mask covers the cached
+    /// positions too (as Hugging Face's `attention_mask` does).
     ///
     /// # Shapes
-    /// - `mask`: `[batch, seq]`, `true` = padding
+    /// - `mask`: `[batch, seq]`, or `[batch, cached + seq]` with a cache; `true` = padding
     pub fn key_padding(mut self, mask: Tensor<B, 2, Bool>) -> Self {
         self.key_padding = Some(mask);
+        self
+    }
+
+    /// The rotary positions of every token, per row: a left-padded row counts its positions from
+    /// its first real token (Hugging Face's `cumsum(attention_mask) − 1`). Without them, row
+    /// positions are `cached, cached + 1, …`. Ignored by a layer without RoPE.
+    ///
+    /// # Shapes
+    /// - `positions`: `[batch, seq]`
+    pub fn positions(mut self, positions: Tensor<B, 2, Int>) -> Self {
+        self.positions = Some(positions);
         self
     }
 
@@ -207,10 +289,20 @@ impl<B: Backend> MultiHeadAttention<B> {
 
     /// Width of one head.
     pub fn head_dim(&self) -> usize {
-        self.output_dim() / self.num_heads
+        self.head_dim
     }
 
-    /// The config this layer answers to (its sizes, dropout and whether it has a QKV bias).
+    /// Key/value heads.
+    pub fn num_kv_heads(&self) -> usize {
+        self.num_kv_heads
+    }
+
+    /// Keys each query sees at most, if the layer has a sliding window.
+    pub fn sliding_window(&self) -> Option<usize> {
+        self.sliding_window
+    }
+
+    /// The config this layer answers to.
     pub fn config(&self) -> MultiHeadAttentionConfig {
         MultiHeadAttentionConfig::new(
             self.input_dim(),
@@ -220,6 +312,13 @@ impl<B: Backend> MultiHeadAttention<B> {
         )
         .with_dropout(self.dropout.prob)
         .with_qkv_bias(self.query_layer.bias.is_some())
+        .with_output_bias(self.output_layer.bias.is_some())
+        .with_num_kv_heads((self.num_kv_heads != self.num_heads).then_some(self.num_kv_heads))
+        .with_head_dim(
+            (self.num_heads * self.head_dim != self.output_dim()).then_some(self.head_dim),
+        )
+        .with_rope(self.rope.clone())
+        .with_sliding_window(self.sliding_window)
     }
 
     /// Causal self-attention over `x`.
@@ -256,50 +355,41 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// - `input.x`: `[batch, seq, input_dim]`; `input.key_padding`: `[batch, seq]`
     /// - output: `[batch, seq, output_dim]`
     pub fn forward_with(&self, input: AttentionInput<B>) -> Result<Tensor<B, 3>, AttentionError> {
-        let AttentionInput {
-            x,
-            key_padding,
-            path,
-        } = input;
-        self.check_input(&x, 0)?;
-        if let Some(mask) = &key_padding {
-            let [batch, seq, _] = x.dims();
-            if mask.dims() != [batch, seq] {
-                return Err(AttentionError::PaddingShape {
-                    expected: [batch, seq],
-                    found: mask.dims(),
-                });
-            }
-        }
+        let (x, key_padding, positions, path) = self.checked(input)?;
+        let [batch, seq, _] = x.dims();
         let route = self.route(path, Call::Full);
         if route == Route::Explicit {
-            let [batch, seq, _] = x.dims();
             check_explicit_size([batch, self.num_heads, seq, seq])?;
         }
         let context = match route {
             Route::CpuKernel => {
-                let [batch, seq, _] = x.dims();
-                let width = self.num_heads * self.head_dim();
                 let [q, k, v] = self
-                    .project(x, HeadLayout::SideBySide)
-                    .map(|t| t.reshape([batch, seq, width]));
+                    .project(x, &positions, HeadLayout::SideBySide)
+                    .map(|t| {
+                        let [batch, seq, heads, head_dim] = t.dims();
+                        t.reshape([batch, seq, heads * head_dim])
+                    });
                 let context = flash::causal_attention(FlashInputs {
                     query: q,
                     key: k,
                     value: v,
                     heads: self.num_heads,
+                    kv_heads: self.num_kv_heads,
+                    window: self.sliding_window,
                     key_padding,
                 });
                 return Ok(self.output_layer.forward(context));
             }
             Route::Explicit => {
-                let [q, k, v] = self.project(x, HeadLayout::Split);
-                let mask = attend::mask_for(&q, 0, key_padding);
+                let [q, k, v] = self.project(x, &positions, HeadLayout::Split);
+                let mask = attend::mask_for(&q, 0, key_padding, self.sliding_window);
+                let [k, v] = [k, v].map(|t| self.repeat_kv(t));
                 attend::explicit(q, k, v, mask, &self.dropout).context
             }
             Route::BurnOp => {
-                let [q, k, v] = self.project(x, HeadLayout::Split);
-                attend::fused(q, k, v, key_padding)
+                let [q, k, v] = self.project(x, &positions, HeadLayout::Split);
+                let [k, v] = [k, v].map(|t| self.repeat_kv(t));
+                attend::fused(q, k, v, key_padding, self.sliding_window)
             }
         };
         Ok(self.merge_and_project(context))
@@ -312,11 +402,25 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// - `x`: `[batch, seq, input_dim]`
     /// - output: see [`AttentionTrace`]
     pub fn forward_traced(&self, x: Tensor<B, 3>) -> Result<AttentionTrace<B>, AttentionError> {
-        self.check_input(&x, 0)?;
+        self.forward_traced_with(AttentionInput::new(x))
+    }
+
+    /// [`forward_traced`](Self::forward_traced) with a key-padding mask and positions (the
+    /// input's path is ignored: the trace is the explicit path's).
+    ///
+    /// # Shapes
+    /// - `input.x`: `[batch, seq, input_dim]`; mask and positions `[batch, seq]`
+    /// - output: see [`AttentionTrace`]
+    pub fn forward_traced_with(
+        &self,
+        input: AttentionInput<B>,
+    ) -> Result<AttentionTrace<B>, AttentionError> {
+        let (x, key_padding, positions, _) = self.checked(input)?;
         let [batch, seq, _] = x.dims();
         check_explicit_size([batch, self.num_heads, seq, seq])?;
-        let [q, k, v] = self.project(x, HeadLayout::Split);
-        let mask = attend::mask_for(&q, 0, None);
+        let [q, k, v] = self.project(x, &positions, HeadLayout::Split);
+        let mask = attend::mask_for(&q, 0, key_padding, self.sliding_window);
+        let [k, v] = [k, v].map(|t| self.repeat_kv(t));
         let AttentionScores {
             context,
             scores,
@@ -331,10 +435,12 @@ impl<B: Backend> MultiHeadAttention<B> {
         })
     }
 
-    /// An empty [`KvCache`] for this layer: up to `context_length` positions, memory allocated as
-    /// they come.
+    /// An empty [`KvCache`] for this layer: up to `context_length` positions of its
+    /// `num_kv_heads` heads, memory allocated as they come; with a sliding window it keeps only
+    /// the positions a later query can still see.
     pub fn new_cache(&self) -> KvCache<B> {
-        KvCache::new(self.num_heads, self.head_dim(), self.context_length)
+        KvCache::new(self.num_kv_heads, self.head_dim, self.context_length)
+            .with_window(self.sliding_window)
     }
 
     /// Incremental (autoregressive) attention: `x_new` holds the tokens that follow those already
@@ -353,41 +459,59 @@ impl<B: Backend> MultiHeadAttention<B> {
         x_new: Tensor<B, 3>,
         cache: &mut KvCache<B>,
     ) -> Result<Tensor<B, 3>, AttentionError> {
-        self.forward_cached_with(x_new, cache, AttentionPath::Auto)
+        self.forward_cached_with(AttentionInput::new(x_new), cache)
     }
 
-    /// [`forward_cached`](Self::forward_cached) on a chosen path: `Explicit` masks the scores of
-    /// the new queries against every cached key, `Fused` calls Burn's attention op (its causal
-    /// mask is aligned bottom-right, which is what the cache needs; the CPU kernel is not used
-    /// here, as the cache's keys are stored per head).
+    /// [`forward_cached`](Self::forward_cached) with a key-padding mask over the cached and new
+    /// positions, explicit positions and a chosen path: `Explicit` masks the scores of the new
+    /// queries against every cached key, `Fused` calls Burn's attention op (its causal mask is
+    /// aligned bottom-right, which is what the cache needs; the CPU kernel is not used here, as
+    /// the cache's keys are stored per head).
     ///
     /// # Shapes
-    /// - `x_new`: `[batch, new, input_dim]`
+    /// - `input.x`: `[batch, new, input_dim]`; `input.key_padding`: `[batch, cached + new]`;
+    ///   `input.positions`: `[batch, new]`
     /// - output: `[batch, new, output_dim]`
     pub fn forward_cached_with(
         &self,
-        x_new: Tensor<B, 3>,
+        input: AttentionInput<B>,
         cache: &mut KvCache<B>,
-        path: AttentionPath,
     ) -> Result<Tensor<B, 3>, AttentionError> {
-        cache.check_layout(self.num_heads, self.head_dim(), self.context_length)?;
+        let AttentionInput {
+            x: x_new,
+            key_padding,
+            positions,
+            path,
+        } = input;
+        cache.check_layout(self.num_kv_heads, self.head_dim, self.context_length)?;
         self.check_input(&x_new, cache.len())?;
         let [batch, new, _] = x_new.dims();
         cache.check_batch(batch)?;
-        let allocate = cache.plan(batch, new)?;
         let past = cache.len();
+        check_shape(&key_padding, [batch, past + new], |expected, found| {
+            AttentionError::PaddingShape { expected, found }
+        })?;
+        let positions = self.positions(positions, past, [batch, new])?;
+        let plan = cache.plan(batch, new)?;
         let route = self.route(path, Call::Cached);
         if route == Route::Explicit {
-            check_explicit_size([batch, self.num_heads, new, past + new])?;
+            let keys = plan.keys_seen(new);
+            check_explicit_size([batch, self.num_heads, new, keys])?;
         }
-        let [q, k, v] = self.project(x_new, HeadLayout::Split);
-        let (keys, values) = cache.append(k, v, allocate);
+        let [q, k, v] = self.project(x_new, &positions, HeadLayout::Split);
+        let (keys, values) = cache.append(k, v, plan);
+        let [keys, values] = [keys, values].map(|t| self.repeat_kv(t));
+        let seen = keys.dims()[2];
+        // The cache keeps only the last `seen` positions: the padding of those.
+        let key_padding = key_padding.map(|mask| mask.narrow(1, past + new - seen, seen));
         let context = match route {
             Route::Explicit => {
-                let mask = attend::mask_for(&q, past, None);
+                let mask = attend::mask_for(&q, seen - new, key_padding, self.sliding_window);
                 attend::explicit(q, keys, values, mask, &self.dropout).context
             }
-            Route::BurnOp | Route::CpuKernel => attend::fused(q, keys, values, None),
+            Route::BurnOp | Route::CpuKernel => {
+                attend::fused(q, keys, values, key_padding, self.sliding_window)
+            }
         };
         let output = self.merge_and_project(context);
         // Burn 0.21's lazy wgpu (fusion) backend lets work of the next step overtake this step's
@@ -429,30 +553,115 @@ impl<B: Backend> MultiHeadAttention<B> {
         route::<B>(path, call, training, training && self.dropout.prob > 0.0)
     }
 
-    /// The one projection step of every path: queries, keys and values from `x`, each split into
-    /// heads in `layout` as soon as it is made.
+    /// A whole sequence's input, taken apart after checking it against the layer.
+    #[allow(clippy::type_complexity)]
+    fn checked(
+        &self,
+        input: AttentionInput<B>,
+    ) -> Result<
+        (
+            Tensor<B, 3>,
+            Option<Tensor<B, 2, Bool>>,
+            Positions<B>,
+            AttentionPath,
+        ),
+        AttentionError,
+    > {
+        let AttentionInput {
+            x,
+            key_padding,
+            positions,
+            path,
+        } = input;
+        self.check_input(&x, 0)?;
+        let [batch, seq, _] = x.dims();
+        check_shape(&key_padding, [batch, seq], |expected, found| {
+            AttentionError::PaddingShape { expected, found }
+        })?;
+        let positions = self.positions(positions, 0, [batch, seq])?;
+        Ok((x, key_padding, positions, path))
+    }
+
+    /// The rotary positions of a call's `[batch, seq]` tokens after `past` cached ones: the
+    /// given ones, checked, or `past, past + 1, …`.
+    fn positions(
+        &self,
+        given: Option<Tensor<B, 2, Int>>,
+        past: usize,
+        [batch, seq]: [usize; 2],
+    ) -> Result<Positions<B>, AttentionError> {
+        match given {
+            Some(positions) if positions.dims() != [batch, seq] => {
+                Err(AttentionError::PositionsShape {
+                    expected: [batch, seq],
+                    found: positions.dims(),
+                })
+            }
+            Some(positions) => Ok(Positions::Given(positions)),
+            None => Ok(Positions::From(past)),
+        }
+    }
+
+    /// The one projection step of every path: queries, keys and values from `x`, queries and keys
+    /// turned by their positions (with RoPE), each split into heads in `layout` as soon as it is
+    /// made. Keys and values keep their `num_kv_heads` heads.
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, input_dim]`
-    /// - output: three `[batch, seq, heads, head_dim]` ([`HeadLayout::SideBySide`]) or
-    ///   `[batch, heads, seq, head_dim]` ([`HeadLayout::Split`])
+    /// - output: `[batch, seq, heads, head_dim]` ([`HeadLayout::SideBySide`]) or
+    ///   `[batch, heads, seq, head_dim]` ([`HeadLayout::Split`]), with `num_heads` heads for the
+    ///   queries and `num_kv_heads` for keys and values
     ///
     /// Splitting each projection as soon as it is made matters: projecting all three first and
     /// splitting afterwards gives wrong `output_layer` weight gradients on Burn 0.21's wgpu
-    /// (fusion) backend for a one-token sequence (`parity.rs`, `book_s0_b1_t1_i4_o4_h1_bias`).
-    fn project(&self, x: Tensor<B, 3>, layout: HeadLayout) -> [Tensor<B, 4>; 3] {
+    /// (fusion) backend for a one-token sequence (`tests/layer/parity.rs`, `book_s0_b1_t1_i4_o4_h1_bias`).
+    fn project(
+        &self,
+        x: Tensor<B, 3>,
+        positions: &Positions<B>,
+        layout: HeadLayout,
+    ) -> [Tensor<B, 4>; 3] {
         let [batch, seq, _] = x.dims();
-        let (heads, head_dim) = (self.num_heads, self.head_dim());
-        [&self.query_layer, &self.key_layer, &self.value_layer].map(|layer| {
+        let rotary = self
+            .rope
+            .as_ref()
+            .map(|rope| Rotary::new(rope, self.head_dim));
+        let layers = [
+            (&self.query_layer, self.num_heads, rotary.as_ref()),
+            (&self.key_layer, self.num_kv_heads, rotary.as_ref()),
+            (&self.value_layer, self.num_kv_heads, None),
+        ];
+        layers.map(|(layer, heads, rotary)| {
             let side_by_side = layer
                 .forward(x.clone())
-                .reshape([batch, seq, heads, head_dim]);
+                .reshape([batch, seq, heads, self.head_dim]);
+            let side_by_side = match rotary {
+                Some(rotary) => rotary.apply(side_by_side, positions),
+                None => side_by_side,
+            };
             match layout {
                 HeadLayout::SideBySide => side_by_side,
                 // `view(b, t, h, hd).transpose(1, 2)`: head `j` owns features `[j·hd, (j+1)·hd)`.
                 HeadLayout::Split => side_by_side.swap_dims(1, 2),
             }
         })
+    }
+
+    /// Each key/value head repeated for the query heads of its group (Hugging Face's
+    /// `repeat_kv`), for the paths whose attention needs equal head counts.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, kv_heads, keys, head_dim]`
+    /// - output: `[batch, heads, keys, head_dim]`
+    fn repeat_kv(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let group = self.num_heads / self.num_kv_heads;
+        if group == 1 {
+            return x;
+        }
+        let [batch, kv_heads, keys, head_dim] = x.dims();
+        x.reshape([batch, kv_heads, 1, keys, head_dim])
+            .expand([batch, kv_heads, group, keys, head_dim])
+            .reshape([batch, kv_heads * group, keys, head_dim])
     }
 
     /// Merges the heads' contexts and applies the output projection.
@@ -470,6 +679,18 @@ impl<B: Backend> MultiHeadAttention<B> {
 /// requests are refused with [`AttentionError::ExplicitTooLarge`] instead of exhausting memory:
 /// the fused path computes the same result in `O(seq)` memory.
 pub const EXPLICIT_SCORES_LIMIT: usize = 4 << 30;
+
+/// `Err(error(expected, found))` when `tensor` is given and its shape is not `expected`.
+fn check_shape<B: Backend>(
+    tensor: &Option<Tensor<B, 2, Bool>>,
+    expected: [usize; 2],
+    error: impl FnOnce([usize; 2], [usize; 2]) -> AttentionError,
+) -> Result<(), AttentionError> {
+    match tensor {
+        Some(tensor) if tensor.dims() != expected => Err(error(expected, tensor.dims())),
+        _ => Ok(()),
+    }
+}
 
 /// Refuses explicit attention over `[batch, heads, queries, keys]` scores larger than
 /// [`EXPLICIT_SCORES_LIMIT`].

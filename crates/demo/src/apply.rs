@@ -2,13 +2,17 @@
 //! written as safetensors, gradients in the layout the weights came in.
 
 use attention_core::weights::{AttentionParams, StateDict};
-use attention_core::{AttentionInput, MultiHeadAttention};
+use attention_core::{
+    AttentionInput, MultiHeadAttention, MultiHeadAttentionConfig, RopeConfig, RopeLayout,
+    RopeScaling,
+};
 use burn::backend::Autodiff;
 use burn::prelude::*;
+use burn::tensor::Int;
 
 use tensor_files::OutputFile;
 
-use crate::cli::{ApplyArgs, PathArg};
+use crate::cli::{ApplyArgs, PathArg, RopeLayoutArg};
 use crate::io::{read_tensor, write_tensors};
 use crate::{DemoBackend, DemoError};
 
@@ -36,6 +40,8 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
     let config = weights
         .infer_config(args.num_heads, context_length)
         .map_err(weights_error)?;
+    let config = with_flags(config, args)?;
+    let positions = read_positions::<B>(&args.input, [batch, seq], device)?;
 
     let mut tensors = Vec::new();
     match &args.cotangent {
@@ -43,7 +49,7 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
             let layer = weights
                 .to_layer::<B>(&config, device)
                 .map_err(weights_error)?;
-            let (y, attn_weights) = outputs(&layer, x, args.path)?;
+            let (y, attn_weights) = outputs(&layer, x, positions, args.path)?;
             tensors.push(("y".to_string(), y.into_data()));
             tensors.extend(attn_weights.map(|w| ("attn_weights".to_string(), w.into_data())));
         }
@@ -61,7 +67,8 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
                 )));
             }
             let x = Tensor::<Autodiff<B>, 3>::from_inner(x).require_grad();
-            let (y, attn_weights) = outputs(&layer, x.clone(), args.path)?;
+            let positions = positions.map(Tensor::from_inner);
+            let (y, attn_weights) = outputs(&layer, x.clone(), positions, args.path)?;
             let grads = (y.clone() * r).sum().backward();
             tensors.push(("y".to_string(), y.inner().into_data()));
             tensors
@@ -76,33 +83,107 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
     write_tensors(&output, tensors)
 }
 
+/// The inferred config with what the flags add (RoPE, a window) and check (heads, head width).
+fn with_flags(
+    config: MultiHeadAttentionConfig,
+    args: &ApplyArgs,
+) -> Result<MultiHeadAttentionConfig, DemoError> {
+    let weights = args.weights.display();
+    for (flag, given, found) in [
+        ("--num-kv-heads", args.num_kv_heads, config.num_kv_heads()),
+        ("--head-dim", args.head_dim, config.head_dim()),
+    ] {
+        if given.is_some_and(|given| given != found) {
+            return Err(DemoError(format!(
+                "{flag} {} disagrees with {weights}: its projections' shapes give {found} for \
+                 --num-heads {}",
+                given.unwrap_or_default(),
+                args.num_heads
+            )));
+        }
+    }
+    let rope = match args.rope_theta {
+        None => None,
+        Some(theta) => Some(
+            RopeConfig::new()
+                .with_theta(theta)
+                .with_layout(match args.rope_layout {
+                    RopeLayoutArg::Half => RopeLayout::Half,
+                    RopeLayoutArg::Interleaved => RopeLayout::Interleaved,
+                })
+                .with_scaling(match &args.rope_scaling {
+                    Some(json) => RopeScaling::from_hugging_face(json)?,
+                    None => RopeScaling::None,
+                }),
+        ),
+    };
+    let config = config
+        .with_rope(rope)
+        .with_sliding_window(args.sliding_window);
+    config.validate()?;
+    Ok(config)
+}
+
+/// The input file's `position_ids` (`[batch, seq]`, integers), if it has them.
+fn read_positions<B: Backend>(
+    input: &std::path::Path,
+    [batch, seq]: [usize; 2],
+    device: &B::Device,
+) -> Result<Option<Tensor<B, 2, Int>>, DemoError> {
+    let dict = StateDict::load(input)?;
+    let Some(data) = dict.data("position_ids") else {
+        return Ok(None);
+    };
+    if data.shape.as_slice() != [batch, seq] || data.dtype.is_float() {
+        return Err(DemoError(format!(
+            "{}: `position_ids` must be integers of shape [batch, seq] = [{batch}, {seq}], got \
+             {:?} {:?}",
+            input.display(),
+            data.dtype,
+            data.shape
+        )));
+    }
+    Ok(Some(Tensor::from_data(data.clone(), device)))
+}
+
 /// The layer's output on `path`, with the attention weights on the explicit path.
 ///
 /// # Shapes
-/// - `x`: `[batch, seq, input_dim]`
+/// - `x`: `[batch, seq, input_dim]`; `positions`: `[batch, seq]`
 /// - output: `[batch, seq, output_dim]` and `[batch, heads, seq, seq]`
 fn outputs<C: Backend>(
     layer: &MultiHeadAttention<C>,
     x: Tensor<C, 3>,
+    positions: Option<Tensor<C, 2, Int>>,
     path: PathArg,
 ) -> Result<(Tensor<C, 3>, Option<Tensor<C, 4>>), DemoError> {
     // Every path refuses an empty batch or sequence alike (the cached one would otherwise have
     // no step to concatenate).
     layer.check_input(&x, 0)?;
+    let input = |x: Tensor<C, 3>, positions: Option<Tensor<C, 2, Int>>| {
+        let input = AttentionInput::new(x).path(path.attention_path());
+        match positions {
+            Some(positions) => input.positions(positions),
+            None => input,
+        }
+    };
     Ok(match path {
         PathArg::Explicit => {
-            let trace = layer.forward_traced(x)?;
+            let trace = layer.forward_traced_with(input(x, positions))?;
             (trace.output, Some(trace.weights))
         }
-        PathArg::Fused => (
-            layer.forward_with(AttentionInput::new(x).path(path.attention_path()))?,
-            None,
-        ),
+        PathArg::Fused => (layer.forward_with(input(x, positions))?, None),
         PathArg::Cached => {
             let [batch, seq, _] = x.dims();
             let mut cache = layer.new_cache();
             let steps = (0..seq)
-                .map(|t| layer.forward_cached(x.clone().slice([0..batch, t..t + 1]), &mut cache))
+                .map(|t| {
+                    let token = x.clone().slice([0..batch, t..t + 1]);
+                    let position = positions
+                        .clone()
+                        .map(|positions| positions.slice([0..batch, t..t + 1]));
+                    layer.forward_cached_with(input(token, position), &mut cache)
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             (Tensor::cat(steps, 1), None)
         }

@@ -66,21 +66,51 @@ impl PathArg {
     pub fn attention_path(self) -> AttentionPath {
         match self {
             Self::Explicit => AttentionPath::Explicit,
-            Self::Fused | Self::Cached => AttentionPath::Fused,
+            Self::Fused => AttentionPath::Fused,
+            Self::Cached => AttentionPath::Auto,
         }
     }
+}
+
+/// Which features of a head the rotary embedding pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RopeLayoutArg {
+    /// Feature `i` with `i + head_dim / 2` (Hugging Face's `rotate_half`).
+    Half,
+    /// Features `2i` and `2i + 1` (Meta's original Llama).
+    Interleaved,
 }
 
 /// `apply` options.
 #[derive(Debug, Args)]
 pub struct ApplyArgs {
-    /// PyTorch weights: `.safetensors` or `.pt` state dict, the chapter's or GPT-2's layout.
+    /// PyTorch weights: `.safetensors` or `.pt` state dict, in the chapter's, GPT-2's or Hugging
+    /// Face Llama's (`q_proj`, `k_proj`, `v_proj`, `o_proj`) layout.
     #[arg(long)]
     pub weights: PathBuf,
-    /// Number of attention heads (a state dict does not record it).
+    /// Number of (query) attention heads (a state dict does not record it).
     #[arg(long)]
     pub num_heads: usize,
-    /// Safetensors file with tensor `x` `[batch, seq, input_dim]`.
+    /// Key/value heads; default: what the key projection's shape says. Checked against it.
+    #[arg(long)]
+    pub num_kv_heads: Option<usize>,
+    /// Features per head; default: the query projection's width / heads. Checked against it.
+    #[arg(long)]
+    pub head_dim: Option<usize>,
+    /// Rotary position embeddings with this base (e.g. `10000.0`); without it, no RoPE.
+    #[arg(long)]
+    pub rope_theta: Option<f64>,
+    /// Hugging Face's `rope_scaling` JSON, e.g. `{"rope_type":"llama3","factor":8.0,...}`.
+    #[arg(long, requires = "rope_theta")]
+    pub rope_scaling: Option<String>,
+    /// Which features the rotary embedding pairs.
+    #[arg(long, value_enum, default_value_t = RopeLayoutArg::Half, requires = "rope_theta")]
+    pub rope_layout: RopeLayoutArg,
+    /// Keys each query sees at most, its own included.
+    #[arg(long)]
+    pub sliding_window: Option<usize>,
+    /// Safetensors file with tensor `x` `[batch, seq, input_dim]`, and optionally
+    /// `position_ids` `[batch, seq]` (int64): the rotary positions.
     #[arg(long)]
     pub input: PathBuf,
     /// Safetensors file to write: `y`, `attn_weights` (explicit path), and with `--cotangent`

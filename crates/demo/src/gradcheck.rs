@@ -7,8 +7,8 @@
 
 use attention_backends::NdArray64;
 use attention_backends::compare::deviation;
-use attention_core::MultiHeadAttentionConfig;
 use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
+use attention_core::{MultiHeadAttentionConfig, RopeConfig};
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::Distribution;
@@ -56,7 +56,7 @@ struct Case {
     seq: usize,
 }
 
-fn cases() -> [Case; 2] {
+fn cases() -> [Case; 3] {
     [
         Case {
             name: "qkv_bias on, input_dim 5 -> output_dim 6, 2 heads",
@@ -69,6 +69,18 @@ fn cases() -> [Case; 2] {
             config: MultiHeadAttentionConfig::new(6, 4, 5, 2),
             batch: 2,
             seq: 5,
+        },
+        Case {
+            name: "Llama-style: 4 heads over 2 kv heads of 2, RoPE, window 3, no output bias",
+            config: MultiHeadAttentionConfig::new(6, 5, 6, 4)
+                .with_num_kv_heads(Some(2))
+                .with_head_dim(Some(2))
+                .with_qkv_bias(true)
+                .with_output_bias(false)
+                .with_rope(Some(RopeConfig::new()))
+                .with_sliding_window(Some(3)),
+            batch: 2,
+            seq: 6,
         },
     ]
 }

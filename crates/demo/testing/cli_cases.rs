@@ -8,12 +8,7 @@ use std::process::{Command, Output};
 use attention_backends::compare::assert_close;
 use attention_core::weights::StateDict;
 
-/// The PyTorch fixtures (kept once, in attention-core).
-pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../crates/attention-core/tests/fixtures")
-        .join(name)
-}
+pub use attention_backends::fixture;
 
 /// A fresh, empty directory for one test's files.
 pub fn scratch(test: &str) -> PathBuf {
@@ -118,295 +113,334 @@ pub fn grad_keys(fixture_file: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Instantiates the command-line tests for one demo binary. `$ready` is evaluated first (with the
-/// test's name in scope as `test`) and skips the test when false.
+/// The walkthrough prints the chapter's three steps, masks 15 entries per head, and is
+/// reproducible by seed.
+pub fn walkthrough_prints_the_chapters_steps(bin: &str) {
+    let out = success(bin, &[]);
+    for needle in [
+        "input x: shape [1, 6, 4]",
+        "1. attention scores",
+        "2. masked scores",
+        "3. attention weights",
+        "output: shape [1, 6, 4]",
+        "动       手       学       大       模       型",
+        "head 1:",
+    ] {
+        assert!(out.contains(needle), "walkthrough lacks {needle:?}:\n{out}");
+    }
+    let masked = out
+        .split("2. masked scores")
+        .nth(1)
+        .unwrap()
+        .split("3. attention")
+        .next()
+        .unwrap();
+    let table_cells = masked
+        .lines()
+        .filter(|l| l.starts_with("  "))
+        .map(|l| l.matches("-inf").count())
+        .sum::<usize>();
+    assert_eq!(table_cells, 2 * 15, "15 masked entries per head:\n{masked}");
+    assert_eq!(
+        success(bin, &["walkthrough", "--seed", "7"]),
+        success(bin, &["walkthrough", "--seed", "7"]),
+        "--seed is reproducible"
+    );
+    assert_ne!(
+        success(bin, &["walkthrough", "--seed", "7"]),
+        out,
+        "another seed, other numbers"
+    );
+}
+
+/// The finite-difference gradient check passes on every tensor.
+pub fn gradcheck_passes(bin: &str) {
+    let out = success(bin, &["gradcheck"]);
+    assert!(
+        out.lines()
+            .last()
+            .unwrap()
+            .starts_with("gradcheck PASS: 23 tensors"),
+        "{out}"
+    );
+    assert_eq!(out.matches(" ok\n").count(), 23, "{out}");
+}
+
+/// `apply` on GPT-2 weights (safetensors and `.pt`) gives PyTorch's output, weights and gradients.
+pub fn apply_gpt2_matches_pytorch_with_gradients(bin: &str) {
+    let dir = scratch("apply-gpt2");
+    // The causal reference (see fixtures/make_gpt2_causal.py): Hugging Face's standalone
+    // GPT2Attention, which made the shared file, applies no causal mask.
+    let data = fixture("gpt2_causal_s0_b2_t7_d16_h4.safetensors");
+    for weights in [
+        "gpt2_s0_b2_t7_d16_h4.safetensors",
+        "gpt2_s0_b2_t7_d16_h4.pt",
+    ] {
+        let out = dir.join(format!("{weights}.out.safetensors"));
+        success(
+            bin,
+            &[
+                "apply",
+                "--weights",
+                fixture(weights).to_str().unwrap(),
+                "--num-heads",
+                "4",
+                "--input",
+                data.to_str().unwrap(),
+                "--cotangent",
+                data.to_str().unwrap(),
+                "--output",
+                out.to_str().unwrap(),
+            ],
+        );
+        let mut keys = vec!["y".to_string(), "attn_weights".to_string()];
+        keys.extend(grad_keys(&data));
+        assert!(keys.contains(&"grad.c_attn.weight".to_string()), "{keys:?}");
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        assert_matches_fixture(&out, &data, &keys);
+    }
+}
+
+/// `apply` gives the fixtures' outputs on the explicit, fused and cached paths.
+pub fn apply_paths_agree_on_every_fixture(bin: &str) {
+    let dir = scratch("apply-paths");
+    let cases = [
+        ("book_s0_b1_t6_i4_o4_h2_nobias.safetensors", "2"),
+        ("book_s0_b2_t5_i8_o8_h2_bias.safetensors", "2"),
+        ("book_s1_b3_t7_i10_o12_h3_nobias.safetensors", "3"),
+        ("book_s1_b1_t1_i4_o4_h1_bias.safetensors", "1"),
+        ("gpt2_causal_s0_b2_t7_d16_h4.safetensors", "4"),
+    ];
+    for (name, heads) in cases {
+        let file = fixture(name);
+        let file = file.to_str().unwrap();
+        for path in ["explicit", "fused", "cached"] {
+            let out = dir.join(format!("{name}.{path}.safetensors"));
+            success(
+                bin,
+                &[
+                    "apply",
+                    "--weights",
+                    file,
+                    "--num-heads",
+                    heads,
+                    "--input",
+                    file,
+                    "--output",
+                    out.to_str().unwrap(),
+                    "--path",
+                    path,
+                ],
+            );
+            let keys: &[&str] = if path == "explicit" {
+                &["y", "attn_weights"]
+            } else {
+                &["y"]
+            };
+            assert_matches_fixture(&out, std::path::Path::new(file), keys);
+        }
+    }
+}
+
+/// Bad `apply` input: exit 2, one `error:` line naming what was wrong, no output file.
+pub fn apply_errors_are_one_line_and_write_nothing(bin: &str) {
+    let dir = scratch("apply-errors");
+    let out = dir.join("out.safetensors");
+    let path = |file: PathBuf| file.to_str().unwrap().to_owned();
+    let gpt2 = path(fixture("gpt2_s0_b2_t7_d16_h4.safetensors"));
+    let book = path(fixture("book_s0_b2_t5_i8_o8_h2_bias.safetensors"));
+    let pt = path(fixture("gpt2_s0_b2_t7_d16_h4.pt"));
+    let llama = path(fixture("hf/llama_s0_b2_t7_d32_h4_kv2.safetensors"));
+    let yarn = r#"{"rope_type":"yarn","factor":4.0}"#;
+    let missing = path(dir.join("missing.safetensors"));
+    let bad = path(dir.join("bad.safetensors"));
+    std::fs::write(&bad, b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":1}        ").unwrap();
+    // (weights, heads, input, extra flags, what the error line names)
+    let cases: [(&str, &str, &str, &[&str], &str); 13] = [
+        (&missing, "4", &gpt2, &[], "No such file"),
+        (&gpt2, "4", &missing, &[], "No such file"),
+        (&gpt2, "4", &pt, &[], "missing key `x`"),
+        (&gpt2, "3", &gpt2, &[], "divisible by `num_heads` (3)"),
+        (
+            &gpt2,
+            "4",
+            &gpt2,
+            &["--context-length", "3"],
+            "sequence of 7 tokens exceeds context_length = 3",
+        ),
+        (&gpt2, "4", &book, &[], "input has 8 features"),
+        (
+            &gpt2,
+            "4",
+            &gpt2,
+            &["--cotangent", &book],
+            "`r` has shape [2, 5, 8], expected the shape of y [2, 7, 16]",
+        ),
+        (&bad, "4", &gpt2, &[], "not a valid safetensors file"),
+        (
+            &llama,
+            "4",
+            &llama,
+            &["--num-kv-heads", "4"],
+            "--num-kv-heads 4 disagrees",
+        ),
+        (
+            &llama,
+            "3",
+            &llama,
+            &[],
+            "(32) must be divisible by `num_heads` (3)",
+        ),
+        (
+            &llama,
+            "32",
+            &llama,
+            &["--rope-theta", "10000"],
+            "rotary embeddings need an even head_dim, got 1",
+        ),
+        (
+            &llama,
+            "4",
+            &llama,
+            &["--rope-theta", "10000", "--rope-scaling", yarn],
+            "rope_type `yarn` is not supported",
+        ),
+        (
+            &llama,
+            "4",
+            &llama,
+            &["--sliding-window", "0"],
+            "`sliding_window` must be at least 1",
+        ),
+    ];
+    for (weights, heads, input, extra, needle) in cases {
+        let mut args = vec!["apply", "--output", out.to_str().unwrap()];
+        args.extend(["--weights", weights, "--num-heads", heads, "--input", input]);
+        args.extend_from_slice(extra);
+        user_error(bin, &args, needle, &out);
+    }
+}
+
+/// `apply` on Hugging Face's Llama, Qwen2 and Mistral attention (grouped heads, RoPE with the
+/// file's `position_ids`, biases, a window) gives transformers' output, weights and gradients on
+/// the three paths (`fixtures/hf/README.md`'s tolerance). On wgpu: the first case, unless
+/// `WGPU_ALL_CASES` is set (each run compiles its kernels anew).
+pub fn apply_hugging_face_layers_match_transformers(bin: &str) {
+    let dir = scratch("apply-hf");
+    let cases = [
+        ("llama_s0_b2_t7_d32_h4_kv2", None),
+        ("mistral_s3_b1_t9_d32_h4_kv2_w4", Some("4")),
+        ("qwen2_s2_b2_t6_d32_h4_kv2_bias", None),
+        ("llama_s1_b1_t5_d16_h4_kv1", None),
+        ("llama_s4_b1_t6_d32_h4_kv4_offset5", None),
+    ];
+    let every_case = !bin.contains("wgpu") || attention_backends::wgpu_all_cases();
+    let cases = if every_case { &cases[..] } else { &cases[..1] };
+    for &(name, window) in cases {
+        let file = fixture(&format!("hf/{name}.safetensors"));
+        let file = file.to_str().unwrap();
+        for path in ["explicit", "fused", "cached"] {
+            let out = dir.join(format!("{name}.{path}.safetensors"));
+            let mut args = vec![
+                "apply",
+                "--weights",
+                file,
+                "--input",
+                file,
+                "--cotangent",
+                file,
+            ];
+            args.extend([
+                "--num-heads",
+                "4",
+                "--rope-theta",
+                "10000.0",
+                "--path",
+                path,
+            ]);
+            args.extend(["--output", out.to_str().unwrap()]);
+            if let Some(window) = window {
+                args.extend(["--sliding-window", window]);
+            }
+            success(bin, &args);
+            let written = StateDict::load(&out).unwrap();
+            let reference = StateDict::load(file).unwrap();
+            let mut keys = vec!["y".to_string()];
+            if path == "explicit" {
+                keys.push("attn_weights".into());
+            }
+            keys.extend(grad_keys(Path::new(file)));
+            for key in &keys {
+                let want = reference.data(key).unwrap();
+                let scale = want.iter::<f32>().fold(1.0f32, |m, x| m.max(x.abs()));
+                let found = written
+                    .data(key)
+                    .unwrap_or_else(|| panic!("{name} {path}: {key} not written"));
+                let what = format!("{name} {path}: {key}");
+                assert_close(found, want, 1e-5 * f64::from(scale), 1e-4, &what);
+            }
+        }
+    }
+}
+
+/// `heatmap` draws one panel per head and a scale, for the walkthrough and for given weights.
+pub fn heatmap_writes_a_png(bin: &str) {
+    let dir = scratch("heatmap");
+    let walkthrough = dir.join("walkthrough.png");
+    success(bin, &["heatmap", "--output", walkthrough.to_str().unwrap()]);
+    let gpt2 = fixture("gpt2_s0_b2_t7_d16_h4.safetensors");
+    let given = dir.join("given.png");
+    success(
+        bin,
+        &[
+            "heatmap",
+            "--weights",
+            gpt2.to_str().unwrap(),
+            "--input",
+            gpt2.to_str().unwrap(),
+            "--num-heads",
+            "4",
+            "--output",
+            given.to_str().unwrap(),
+        ],
+    );
+    for (png, width) in [(walkthrough, 2 * 440 + 110), (given, 4 * 440 + 110)] {
+        let bytes = std::fs::read(&png).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{png:?} is a PNG");
+        let png_width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+        assert_eq!(png_width, width, "{png:?}: one panel per head and a scale");
+    }
+}
+
+/// Instantiates the command-line tests for one demo binary: one `#[test]` per case above.
+/// `$ready` is evaluated first (with the test's name in scope as `test`) and skips the test when
+/// false.
 #[macro_export]
 macro_rules! cli_tests {
     ($binary:expr, |$test:ident| $ready:expr) => {
+        $crate::cli_tests!(@each $binary, |$test| $ready;
+            walkthrough_prints_the_chapters_steps,
+            gradcheck_passes,
+            apply_gpt2_matches_pytorch_with_gradients,
+            apply_paths_agree_on_every_fixture,
+            apply_errors_are_one_line_and_write_nothing,
+            apply_hugging_face_layers_match_transformers,
+            heatmap_writes_a_png);
+    };
+    (@each $binary:expr, |$test:ident| $ready:expr; $($case:ident),+) => {
+        #[allow(unused_imports)]
         use cli_cases::*;
 
         const BIN: &str = $binary;
 
-        fn ready($test: &str) -> bool {
-            $ready
-        }
-
-        #[test]
-        fn walkthrough_prints_the_chapters_steps() {
-            if !ready("walkthrough_prints_the_chapters_steps") {
-                return;
-            }
-            let out = success(BIN, &[]);
-            for needle in [
-                "input x: shape [1, 6, 4]",
-                "1. attention scores",
-                "2. masked scores",
-                "3. attention weights",
-                "output: shape [1, 6, 4]",
-                "动       手       学       大       模       型",
-                "head 1:",
-            ] {
-                assert!(out.contains(needle), "walkthrough lacks {needle:?}:\n{out}");
-            }
-            let masked = out
-                .split("2. masked scores")
-                .nth(1)
-                .unwrap()
-                .split("3. attention")
-                .next()
-                .unwrap();
-            let table_cells = masked
-                .lines()
-                .filter(|l| l.starts_with("  "))
-                .map(|l| l.matches("-inf").count())
-                .sum::<usize>();
-            assert_eq!(table_cells, 2 * 15, "15 masked entries per head:\n{masked}");
-            assert_eq!(
-                success(BIN, &["walkthrough", "--seed", "7"]),
-                success(BIN, &["walkthrough", "--seed", "7"]),
-                "--seed is reproducible"
-            );
-            assert_ne!(
-                success(BIN, &["walkthrough", "--seed", "7"]),
-                out,
-                "another seed, other numbers"
-            );
-        }
-
-        #[test]
-        fn gradcheck_passes() {
-            if !ready("gradcheck_passes") {
-                return;
-            }
-            let out = success(BIN, &["gradcheck"]);
-            assert!(
-                out.lines()
-                    .last()
-                    .unwrap()
-                    .starts_with("gradcheck PASS: 15 tensors"),
-                "{out}"
-            );
-            assert_eq!(out.matches(" ok\n").count(), 15, "{out}");
-        }
-
-        #[test]
-        fn apply_gpt2_matches_pytorch_with_gradients() {
-            if !ready("apply_gpt2_matches_pytorch_with_gradients") {
-                return;
-            }
-            let dir = scratch("apply-gpt2");
-            // The causal reference (see fixtures/make_gpt2_causal.py): Hugging Face's standalone
-            // GPT2Attention, which made the shared file, applies no causal mask.
-            let data = fixture("gpt2_causal_s0_b2_t7_d16_h4.safetensors");
-            for weights in [
-                "gpt2_s0_b2_t7_d16_h4.safetensors",
-                "gpt2_s0_b2_t7_d16_h4.pt",
-            ] {
-                let out = dir.join(format!("{weights}.out.safetensors"));
-                success(
-                    BIN,
-                    &[
-                        "apply",
-                        "--weights",
-                        fixture(weights).to_str().unwrap(),
-                        "--num-heads",
-                        "4",
-                        "--input",
-                        data.to_str().unwrap(),
-                        "--cotangent",
-                        data.to_str().unwrap(),
-                        "--output",
-                        out.to_str().unwrap(),
-                    ],
-                );
-                let mut keys = vec!["y".to_string(), "attn_weights".to_string()];
-                keys.extend(grad_keys(&data));
-                assert!(keys.contains(&"grad.c_attn.weight".to_string()), "{keys:?}");
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                assert_matches_fixture(&out, &data, &keys);
-            }
-        }
-
-        #[test]
-        fn apply_paths_agree_on_every_fixture() {
-            if !ready("apply_paths_agree_on_every_fixture") {
-                return;
-            }
-            let dir = scratch("apply-paths");
-            let cases = [
-                ("book_s0_b1_t6_i4_o4_h2_nobias.safetensors", "2"),
-                ("book_s0_b2_t5_i8_o8_h2_bias.safetensors", "2"),
-                ("book_s1_b3_t7_i10_o12_h3_nobias.safetensors", "3"),
-                ("book_s1_b1_t1_i4_o4_h1_bias.safetensors", "1"),
-                ("gpt2_causal_s0_b2_t7_d16_h4.safetensors", "4"),
-            ];
-            for (name, heads) in cases {
-                let file = fixture(name);
-                let file = file.to_str().unwrap();
-                for path in ["explicit", "fused", "cached"] {
-                    let out = dir.join(format!("{name}.{path}.safetensors"));
-                    success(
-                        BIN,
-                        &[
-                            "apply",
-                            "--weights",
-                            file,
-                            "--num-heads",
-                            heads,
-                            "--input",
-                            file,
-                            "--output",
-                            out.to_str().unwrap(),
-                            "--path",
-                            path,
-                        ],
-                    );
-                    let keys: &[&str] = if path == "explicit" {
-                        &["y", "attn_weights"]
-                    } else {
-                        &["y"]
-                    };
-                    assert_matches_fixture(&out, std::path::Path::new(file), keys);
+        $(
+            #[test]
+            fn $case() {
+                let $test = stringify!($case);
+                if $ready {
+                    cli_cases::$case(BIN);
                 }
             }
-        }
-
-        #[test]
-        fn apply_errors_are_one_line_and_write_nothing() {
-            if !ready("apply_errors_are_one_line_and_write_nothing") {
-                return;
-            }
-            let dir = scratch("apply-errors");
-            let out = dir.join("out.safetensors");
-            let (out_s, gpt2, book) = (
-                out.to_str().unwrap(),
-                fixture("gpt2_s0_b2_t7_d16_h4.safetensors"),
-                fixture("book_s0_b2_t5_i8_o8_h2_bias.safetensors"),
-            );
-            let (gpt2, book) = (gpt2.to_str().unwrap(), book.to_str().unwrap());
-            let missing = dir.join("missing.safetensors");
-            let apply = |extra: &[&str], needle: &str| {
-                let mut args = vec!["apply", "--output", out_s];
-                args.extend_from_slice(extra);
-                user_error(BIN, &args, needle, &out);
-            };
-            apply(
-                &[
-                    "--weights",
-                    missing.to_str().unwrap(),
-                    "--num-heads",
-                    "4",
-                    "--input",
-                    gpt2,
-                ],
-                "No such file",
-            );
-            apply(
-                &[
-                    "--weights",
-                    gpt2,
-                    "--num-heads",
-                    "4",
-                    "--input",
-                    missing.to_str().unwrap(),
-                ],
-                "No such file",
-            );
-            let pt = fixture("gpt2_s0_b2_t7_d16_h4.pt");
-            apply(
-                &[
-                    "--weights",
-                    gpt2,
-                    "--num-heads",
-                    "4",
-                    "--input",
-                    pt.to_str().unwrap(),
-                ],
-                "missing key `x`",
-            );
-            apply(
-                &["--weights", gpt2, "--num-heads", "3", "--input", gpt2],
-                "divisible by `num_heads` (3)",
-            );
-            apply(
-                &[
-                    "--weights",
-                    gpt2,
-                    "--num-heads",
-                    "4",
-                    "--input",
-                    gpt2,
-                    "--context-length",
-                    "3",
-                ],
-                "sequence of 7 tokens exceeds context_length = 3",
-            );
-            apply(
-                &["--weights", gpt2, "--num-heads", "4", "--input", book],
-                "input has 8 features",
-            );
-            apply(
-                &[
-                    "--weights",
-                    gpt2,
-                    "--num-heads",
-                    "4",
-                    "--input",
-                    gpt2,
-                    "--cotangent",
-                    book,
-                ],
-                "`r` has shape [2, 5, 8], expected the shape of y [2, 7, 16]",
-            );
-            let bad_weights = dir.join("bad.safetensors");
-            std::fs::write(
-                &bad_weights,
-                b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":1}        ",
-            )
-            .unwrap();
-            apply(
-                &[
-                    "--weights",
-                    bad_weights.to_str().unwrap(),
-                    "--num-heads",
-                    "4",
-                    "--input",
-                    gpt2,
-                ],
-                "not a valid safetensors file",
-            );
-        }
-
-        #[test]
-        fn heatmap_writes_a_png() {
-            if !ready("heatmap_writes_a_png") {
-                return;
-            }
-            let dir = scratch("heatmap");
-            let walkthrough = dir.join("walkthrough.png");
-            success(BIN, &["heatmap", "--output", walkthrough.to_str().unwrap()]);
-            let gpt2 = fixture("gpt2_s0_b2_t7_d16_h4.safetensors");
-            let given = dir.join("given.png");
-            success(
-                BIN,
-                &[
-                    "heatmap",
-                    "--weights",
-                    gpt2.to_str().unwrap(),
-                    "--input",
-                    gpt2.to_str().unwrap(),
-                    "--num-heads",
-                    "4",
-                    "--output",
-                    given.to_str().unwrap(),
-                ],
-            );
-            for (png, width) in [(walkthrough, 2 * 440 + 110), (given, 4 * 440 + 110)] {
-                let bytes = std::fs::read(&png).unwrap();
-                assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{png:?} is a PNG");
-                let png_width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
-                assert_eq!(png_width, width, "{png:?}: one panel per head and a scale");
-            }
-        }
+        )+
     };
 }

@@ -1,11 +1,14 @@
 //! Causal flash attention on the CPU over plain slices: forward with an online softmax over key
 //! blocks, backward recomputing each block from the saved log-sum-exp (FlashAttention-2's
-//! scheme). Key blocks wholly above the causal diagonal are never touched, and no
-//! `[queries, keys]` matrix larger than one block ever exists.
+//! scheme). Key blocks wholly above the causal diagonal, or wholly before a sliding window, are
+//! never touched, and no `[queries, keys]` matrix larger than one block ever exists.
 //!
 //! Tensors are row-major `[batch, seq, heads, head_dim]` — the projections' `[batch, seq,
-//! width]` output as it is, so that neither the head split nor the merge copies anything. The
-//! block products run on `matrixmultiply` (through ndarray), which picks AVX2/FMA at run time.
+//! width]` output as it is, so that neither the head split nor the merge copies anything. Keys
+//! and values may have fewer heads than queries (grouped-query attention): query head `i` reads
+//! key/value head `i / (heads / kv_heads)`, and the backward pass sums a group's key and value
+//! gradients into that head's one buffer. The block products run on `matrixmultiply` (through
+//! ndarray), which picks AVX2/FMA at run time.
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis, ShapeBuilder, Slice};
@@ -62,25 +65,39 @@ fn exp_f32(x: f32) -> f32 {
 
 /// The sizes of one attention call.
 ///
-/// Query `i` (counted from the first new query) is the position `i + keys − queries` of the
-/// sequence and sees keys `0 ..= i + keys − queries`: the causal mask aligned bottom-right.
+/// Query `i` (counted from the first new query) is the position `p = i + keys − queries` of the
+/// sequence and sees keys `0 ..= p` (the causal mask aligned bottom-right), and with a window
+/// only the last `window` of them, `p + 1 − window ..= p`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dims {
     /// Sequences in the batch.
     pub batch: usize,
-    /// Attention heads.
+    /// Query heads.
     pub heads: usize,
+    /// Key and value heads; divides `heads`.
+    pub kv_heads: usize,
     /// Query positions (the last `queries` of the sequence).
     pub queries: usize,
     /// Key (and value) positions.
     pub keys: usize,
     /// Features per head.
     pub head_dim: usize,
+    /// Keys each query sees at most, its own included; `None`: every earlier one.
+    pub window: Option<usize>,
 }
 
 impl Dims {
     fn width(&self) -> usize {
         self.heads * self.head_dim
+    }
+
+    fn kv_width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Query heads per key/value head.
+    fn group(&self) -> usize {
+        self.heads / self.kv_heads
     }
 
     /// How many keys precede the first query.
@@ -93,9 +110,9 @@ impl Dims {
         self.batch * self.queries * self.width()
     }
 
-    /// Elements of a `[batch, keys, heads, head_dim]` tensor.
+    /// Elements of a `[batch, keys, kv_heads, head_dim]` tensor.
     pub fn key_len(&self) -> usize {
-        self.batch * self.keys * self.width()
+        self.batch * self.keys * self.kv_width()
     }
 
     /// The exclusive end of the keys that queries `..end` see.
@@ -103,18 +120,41 @@ impl Dims {
         end + self.offset()
     }
 
-    /// The `[rows, head_dim]` view of head `head` of sequence `batch` in a `[batch, rows, heads,
-    /// head_dim]` tensor.
-    fn head<'a, E>(
+    /// The first key that query `row` sees (0 without a window).
+    fn first_visible_key(&self, row: usize) -> usize {
+        self.window
+            .map_or(0, |window| (row + self.offset() + 1).saturating_sub(window))
+    }
+
+    /// The exclusive end of the queries that see some key before `end` (all without a window).
+    fn queries_seeing_keys_before(&self, end: usize) -> usize {
+        self.window.map_or(self.queries, |window| {
+            (end + window - 1)
+                .saturating_sub(self.offset())
+                .min(self.queries)
+        })
+    }
+
+    /// The `[rows, head_dim]` view of head `head` of sequence `batch` in a `[batch, rows,
+    /// heads, head_dim]` tensor (queries and outputs: `heads`; keys and values: `kv_heads`).
+    fn view<'a, E>(
         &self,
         data: &'a [E],
-        batch: usize,
-        head: usize,
-        rows: usize,
+        [batch, rows]: [usize; 2],
+        [heads, head]: [usize; 2],
     ) -> ArrayView2<'a, E> {
-        let start = batch * rows * self.width() + head * self.head_dim;
-        let shape = (rows, self.head_dim).strides((self.width(), 1));
+        let start = (batch * rows * heads + head) * self.head_dim;
+        let shape = (rows, self.head_dim).strides((heads * self.head_dim, 1));
         ArrayView2::from_shape(shape, &data[start..]).expect("the buffer holds the tensor")
+    }
+
+    /// The `[keys, head_dim]` view of the key/value head that query head `head` reads.
+    fn kv_head<'a, E>(&self, data: &'a [E], batch: usize, head: usize) -> ArrayView2<'a, E> {
+        self.view(
+            data,
+            [batch, self.keys],
+            [self.kv_heads, head / self.group()],
+        )
     }
 }
 
@@ -133,9 +173,9 @@ pub struct Forward<E> {
 pub struct Gradients<E> {
     /// `[batch, queries, heads, head_dim]`
     pub query: Vec<E>,
-    /// `[batch, keys, heads, head_dim]`
+    /// `[batch, keys, kv_heads, head_dim]`
     pub key: Vec<E>,
-    /// `[batch, keys, heads, head_dim]`
+    /// `[batch, keys, kv_heads, head_dim]`
     pub value: Vec<E>,
 }
 
@@ -143,7 +183,7 @@ pub struct Gradients<E> {
 ///
 /// # Shapes
 /// - `query`: `[batch, queries, heads, head_dim]`
-/// - `key`, `value`: `[batch, keys, heads, head_dim]`
+/// - `key`, `value`: `[batch, keys, kv_heads, head_dim]`
 /// - `key_padding`: `[batch, keys]`, `true` = padding (never attended to)
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a, E> {
@@ -167,6 +207,11 @@ impl<E: KernelFloat> Inputs<'_, E> {
             dims.queries <= dims.keys,
             "more queries than keys: {dims:?}"
         );
+        assert!(
+            dims.kv_heads > 0 && dims.heads.is_multiple_of(dims.kv_heads),
+            "kv heads must divide heads: {dims:?}"
+        );
+        assert!(dims.window != Some(0), "a window of 0 keys: {dims:?}");
         assert_eq!(
             self.query.len(),
             dims.query_len(),
@@ -188,7 +233,7 @@ impl<E: KernelFloat> Inputs<'_, E> {
     }
 
     /// `scale · q kᵀ` for query rows `rows` and key columns `cols` of one head, with masked
-    /// entries (above the diagonal, or padding) set to `-inf`.
+    /// entries (above the diagonal, before the window, or padding) set to `-inf`.
     ///
     /// # Shapes
     /// - `query`: `[rows.len(), head_dim]`, `key`: `[keys, head_dim]`
@@ -219,6 +264,10 @@ impl<E: KernelFloat> Inputs<'_, E> {
             if first_hidden < row_scores.len() {
                 row_scores[first_hidden..].fill(E::neg_infinity());
             }
+            // Keys before `first_visible` have left this query's window.
+            let first_visible = dims.first_visible_key(row).saturating_sub(cols.start);
+            let too_old = first_visible.min(row_scores.len());
+            row_scores[..too_old].fill(E::neg_infinity());
             if let Some(padding) = padding {
                 for (score, &padded) in row_scores.iter_mut().zip(padding) {
                     if padded {
@@ -280,22 +329,22 @@ fn forward_block<E: KernelFloat>(
     let dims = inputs.dims;
     let block = log_sum_exp.len() / dims.heads;
     let rows = first_query..first_query + block;
-    let visible = dims.visible_keys(rows.end);
-    let mut scores_buffer = vec![E::zero(); block * KEY_BLOCK.min(visible)];
+    let visible = dims.first_visible_key(rows.start)..dims.visible_keys(rows.end);
+    let mut scores_buffer = vec![E::zero(); block * KEY_BLOCK.min(visible.len())];
     let mut row_max = vec![E::neg_infinity(); block];
     let mut row_sum = vec![E::zero(); block];
     for head in 0..dims.heads {
-        let query_all = dims.head(inputs.query, batch, head, dims.queries);
+        let query_all = dims.view(inputs.query, [batch, dims.queries], [dims.heads, head]);
         let query = query_all.slice_axis(Axis(0), Slice::from(rows.clone()));
-        let key = dims.head(inputs.key, batch, head, dims.keys);
-        let value = dims.head(inputs.value, batch, head, dims.keys);
+        let key = dims.kv_head(inputs.key, batch, head);
+        let value = dims.kv_head(inputs.value, batch, head);
         let out_shape = (block, dims.head_dim).strides((dims.width(), 1));
         let mut out = ArrayViewMut2::from_shape(out_shape, &mut output[head * dims.head_dim..])
             .expect("the output chunk holds the block");
         row_max.fill(E::neg_infinity());
         row_sum.fill(E::zero());
-        for start in (0..visible).step_by(KEY_BLOCK) {
-            let cols = start..(start + KEY_BLOCK).min(visible);
+        for start in visible.clone().step_by(KEY_BLOCK) {
+            let cols = start..(start + KEY_BLOCK).min(visible.end);
             let mut scores = block_matrix(&mut scores_buffer, rows.len(), cols.len());
             inputs.masked_scores(batch, &query, &key, rows.clone(), cols.clone(), &mut scores);
             for (r, mut row) in scores.rows_mut().into_iter().enumerate() {
@@ -352,18 +401,29 @@ pub fn backward<E: KernelFloat>(
         dims.query_len(),
         "output gradient for {dims:?}"
     );
-    // One task per (sequence, head): it owns that head's query, key and value gradients, so
-    // that no two tasks add into the same rows. They are gathered into place afterwards.
-    let per_head: Vec<_> = (0..dims.batch * dims.heads)
+    // One task per (sequence, key/value head): it owns the query gradients of the heads of its
+    // group and the one key and value gradient they share, so that no two tasks add into the
+    // same rows. They are gathered into place afterwards.
+    let per_group: Vec<_> = (0..dims.batch * dims.kv_heads)
         .into_par_iter()
         .map(|task| {
-            backward_head(
-                &inputs,
-                forward,
-                output_grad,
-                task / dims.heads,
-                task % dims.heads,
-            )
+            let (batch, kv_head) = (task / dims.kv_heads, task % dims.kv_heads);
+            let mut key_grad = Array2::zeros((dims.keys, dims.head_dim));
+            let mut value_grad = Array2::zeros((dims.keys, dims.head_dim));
+            let query_grads: Vec<Array2<E>> = (kv_head * dims.group()
+                ..(kv_head + 1) * dims.group())
+                .map(|head| {
+                    backward_head(
+                        &inputs,
+                        forward,
+                        output_grad,
+                        [batch, head],
+                        &mut key_grad,
+                        &mut value_grad,
+                    )
+                })
+                .collect();
+            (query_grads, key_grad, value_grad)
         })
         .collect();
     let mut gradients = Gradients {
@@ -371,40 +431,46 @@ pub fn backward<E: KernelFloat>(
         key: vec![E::zero(); dims.key_len()],
         value: vec![E::zero(); dims.key_len()],
     };
-    for (task, [query, key, value]) in per_head.into_iter().enumerate() {
-        let (batch, head) = (task / dims.heads, task % dims.heads);
-        let place = |data: &mut [E], rows: usize, grad: Array2<E>| {
-            let start = batch * rows * dims.width() + head * dims.head_dim;
-            let shape = (rows, dims.head_dim).strides((dims.width(), 1));
-            ArrayViewMut2::from_shape(shape, &mut data[start..])
-                .expect("the buffer holds the tensor")
-                .assign(&grad);
-        };
-        place(&mut gradients.query, dims.queries, query);
-        place(&mut gradients.key, dims.keys, key);
-        place(&mut gradients.value, dims.keys, value);
+    let place = |data: &mut [E], start: usize, row_stride: usize, grad: &Array2<E>| {
+        let shape = grad.dim().strides((row_stride, 1));
+        ArrayViewMut2::from_shape(shape, &mut data[start..])
+            .expect("the buffer holds the tensor")
+            .assign(grad);
+    };
+    for (task, (query_grads, key_grad, value_grad)) in per_group.into_iter().enumerate() {
+        let (batch, kv_head) = (task / dims.kv_heads, task % dims.kv_heads);
+        for (member, query_grad) in query_grads.iter().enumerate() {
+            let head = kv_head * dims.group() + member;
+            let start = batch * dims.queries * dims.width() + head * dims.head_dim;
+            place(&mut gradients.query, start, dims.width(), query_grad);
+        }
+        let start = batch * dims.keys * dims.kv_width() + kv_head * dims.head_dim;
+        place(&mut gradients.key, start, dims.kv_width(), &key_grad);
+        place(&mut gradients.value, start, dims.kv_width(), &value_grad);
     }
     gradients
 }
 
-/// The query, key and value gradients of one head of one sequence, each `[rows, head_dim]`.
+/// The query gradient of one head of one sequence, `[queries, head_dim]`; adds that head's share
+/// of the key and value gradients (`[keys, head_dim]`) into `key_grad` and `value_grad`.
 fn backward_head<E: KernelFloat>(
     inputs: &Inputs<E>,
     forward: &Forward<E>,
     output_grad: &[E],
-    batch: usize,
-    head: usize,
-) -> [Array2<E>; 3] {
+    [batch, head]: [usize; 2],
+    key_grad: &mut Array2<E>,
+    value_grad: &mut Array2<E>,
+) -> Array2<E> {
     let dims = inputs.dims;
     let scale = E::from(dims.head_dim)
         .expect("a small integer")
         .sqrt()
         .recip();
-    let query = dims.head(inputs.query, batch, head, dims.queries);
-    let key = dims.head(inputs.key, batch, head, dims.keys);
-    let value = dims.head(inputs.value, batch, head, dims.keys);
-    let output = dims.head(&forward.output, batch, head, dims.queries);
-    let output_grad = dims.head(output_grad, batch, head, dims.queries);
+    let query = dims.view(inputs.query, [batch, dims.queries], [dims.heads, head]);
+    let key = dims.kv_head(inputs.key, batch, head);
+    let value = dims.kv_head(inputs.value, batch, head);
+    let output = dims.view(&forward.output, [batch, dims.queries], [dims.heads, head]);
+    let output_grad = dims.view(output_grad, [batch, dims.queries], [dims.heads, head]);
     let log_sum_exp: Vec<E> = (0..dims.queries)
         .map(|i| forward.log_sum_exp[(batch * dims.queries + i) * dims.heads + head])
         .collect();
@@ -419,17 +485,17 @@ fn backward_head<E: KernelFloat>(
     let mut weights_buffer = vec![E::zero(); QUERY_BLOCK * KEY_BLOCK];
     let mut score_grad_buffer = vec![E::zero(); QUERY_BLOCK * KEY_BLOCK];
     let mut query_grad = Array2::zeros((dims.queries, dims.head_dim));
-    let mut key_grad = Array2::zeros((dims.keys, dims.head_dim));
-    let mut value_grad = Array2::zeros((dims.keys, dims.head_dim));
     for start in (0..dims.keys).step_by(KEY_BLOCK) {
         let cols = start..(start + KEY_BLOCK).min(dims.keys);
         let key_block = key.slice_axis(Axis(0), Slice::from(cols.clone()));
         let value_block = value.slice_axis(Axis(0), Slice::from(cols.clone()));
         let mut key_grad_block = key_grad.slice_axis_mut(Axis(0), Slice::from(cols.clone()));
-        // The first query that sees key `start`.
+        // The queries that see a key of this block: from the first that sees key `start`
+        // (causal) to the last whose window reaches back into the block.
         let first_query = start.saturating_sub(dims.offset());
-        for row_start in (first_query..dims.queries).step_by(QUERY_BLOCK) {
-            let rows = row_start..(row_start + QUERY_BLOCK).min(dims.queries);
+        let end_query = dims.queries_seeing_keys_before(cols.end);
+        for row_start in (first_query..end_query).step_by(QUERY_BLOCK) {
+            let rows = row_start..(row_start + QUERY_BLOCK).min(end_query);
             let query_block = query.slice_axis(Axis(0), Slice::from(rows.clone()));
             let output_grad_block = output_grad.slice_axis(Axis(0), Slice::from(rows.clone()));
             // The weights, rebuilt: exp(scores − log Σ exp), 0 where masked.
@@ -498,7 +564,7 @@ fn backward_head<E: KernelFloat>(
             );
         }
     }
-    [query_grad, key_grad, value_grad]
+    query_grad
 }
 
 /// A row-major `[rows, cols]` matrix over the front of a scratch buffer.
@@ -533,6 +599,10 @@ mod tests {
         let at = |rows: usize, b: usize, t: usize, h: usize, c: usize| {
             ((b * rows + t) * d.heads + h) * d.head_dim + c
         };
+        // Key/value element `c` of the head query head `h` reads.
+        let kv = |b: usize, j: usize, h: usize, c: usize| {
+            ((b * d.keys + j) * d.kv_heads + h / (d.heads / d.kv_heads)) * d.head_dim + c
+        };
         let mut output = vec![0.0; d.query_len()];
         let mut grads = Gradients {
             query: vec![0.0; d.query_len()],
@@ -542,8 +612,10 @@ mod tests {
         for b in 0..d.batch {
             for h in 0..d.heads {
                 for i in 0..d.queries {
+                    let position = i + d.offset();
                     let visible = |j: usize| {
-                        j <= i + d.offset()
+                        j <= position
+                            && d.window.is_none_or(|w| position - j < w)
                             && !inputs.key_padding.is_some_and(|p| p[b * d.keys + j])
                     };
                     let scores: Vec<f64> = (0..d.keys)
@@ -551,7 +623,7 @@ mod tests {
                             (0..d.head_dim)
                                 .map(|c| {
                                     inputs.query[at(d.queries, b, i, h, c)]
-                                        * inputs.key[at(d.keys, b, j, h, c)]
+                                        * inputs.key[kv(b, j, h, c)]
                                 })
                                 .sum::<f64>()
                                 * scale
@@ -577,14 +649,14 @@ mod tests {
                     let weights: Vec<f64> = exp.iter().map(|e| e / sum).collect();
                     for c in 0..d.head_dim {
                         output[at(d.queries, b, i, h, c)] = (0..d.keys)
-                            .map(|j| weights[j] * inputs.value[at(d.keys, b, j, h, c)])
+                            .map(|j| weights[j] * inputs.value[kv(b, j, h, c)])
                             .sum();
                     }
                     let go = |c: usize| output_grad[at(d.queries, b, i, h, c)];
                     let weight_grad: Vec<f64> = (0..d.keys)
                         .map(|j| {
                             (0..d.head_dim)
-                                .map(|c| go(c) * inputs.value[at(d.keys, b, j, h, c)])
+                                .map(|c| go(c) * inputs.value[kv(b, j, h, c)])
                                 .sum()
                         })
                         .collect();
@@ -592,10 +664,10 @@ mod tests {
                     for j in 0..d.keys {
                         let score_grad = weights[j] * (weight_grad[j] - dot) * scale;
                         for c in 0..d.head_dim {
-                            grads.value[at(d.keys, b, j, h, c)] += weights[j] * go(c);
+                            grads.value[kv(b, j, h, c)] += weights[j] * go(c);
                             grads.query[at(d.queries, b, i, h, c)] +=
-                                score_grad * inputs.key[at(d.keys, b, j, h, c)];
-                            grads.key[at(d.keys, b, j, h, c)] +=
+                                score_grad * inputs.key[kv(b, j, h, c)];
+                            grads.key[kv(b, j, h, c)] +=
                                 score_grad * inputs.query[at(d.queries, b, i, h, c)];
                         }
                     }
@@ -680,9 +752,11 @@ mod tests {
         Dims {
             batch,
             heads,
+            kv_heads: heads,
             queries,
             keys,
             head_dim,
+            window: None,
         }
     }
 
@@ -715,6 +789,44 @@ mod tests {
             })
             .collect();
         check(dims(batch, 2, keys, keys, 4), Some(padding));
+    }
+
+    #[test]
+    fn matches_the_formula_with_grouped_heads_and_windows() {
+        // (kv heads, window, batch, heads, queries, keys, head_dim): multi-query and groups of
+        // 2 and 2, across blocks; windows inside one block, of 1, across block edges, wider
+        // than the sequence, with cached keys and grouped heads.
+        let cases = [
+            (1, None, 2, 4, 7, 7, 4),
+            (2, None, 1, 4, 150, 150, 4),
+            (3, None, 1, 6, 1, 140, 2),
+            (2, Some(4), 1, 2, 9, 9, 4),
+            (1, Some(1), 1, 1, 5, 5, 2),
+            (2, Some(70), 2, 2, 300, 300, 4),
+            (1, Some(200), 1, 1, 150, 150, 2),
+            (1, Some(130), 1, 2, 20, 333, 4),
+        ];
+        for (kv_heads, window, batch, heads, queries, keys, head_dim) in cases {
+            let base = dims(batch, heads, queries, keys, head_dim);
+            check(
+                Dims {
+                    kv_heads,
+                    window,
+                    ..base
+                },
+                None,
+            );
+        }
+        let padding: Vec<bool> = (0..2 * 140).map(|n| n % 140 < 5).collect();
+        let base = dims(2, 2, 140, 140, 4);
+        check(
+            Dims {
+                window: Some(3),
+                kv_heads: 1,
+                ..base
+            },
+            Some(padding),
+        );
     }
 
     #[test]

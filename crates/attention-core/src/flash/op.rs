@@ -26,7 +26,7 @@ use super::kernel::{self, Dims, Forward, Inputs, KernelFloat};
 ///
 /// # Shapes
 /// - `query`: `[batch, queries, heads · head_dim]`
-/// - `key`, `value`: `[batch, keys, heads · head_dim]`
+/// - `key`, `value`: `[batch, keys, kv_heads · head_dim]`
 /// - `key_padding`: `[batch, keys]`, `true` = padding
 #[derive(Debug, Clone)]
 pub(crate) struct FlashInputs<B: Backend> {
@@ -34,6 +34,8 @@ pub(crate) struct FlashInputs<B: Backend> {
     pub key: Tensor<B, 3>,
     pub value: Tensor<B, 3>,
     pub heads: usize,
+    pub kv_heads: usize,
+    pub window: Option<usize>,
     pub key_padding: Option<Tensor<B, 2, Bool>>,
 }
 
@@ -140,6 +142,8 @@ fn tracked<I: Backend, C: CheckpointStrategy, E: HostFloat>(
         key,
         value,
         heads: inputs.heads,
+        kv_heads: inputs.kv_heads,
+        window: inputs.window,
         key_padding: inputs
             .key_padding
             .map(|mask| Tensor::from_primitive(mask.into_primitive())),
@@ -197,9 +201,11 @@ impl<E: HostFloat> Host<E> {
             dims: Dims {
                 batch,
                 heads: inputs.heads,
+                kv_heads: inputs.kv_heads,
                 queries,
                 keys,
                 head_dim: width / inputs.heads,
+                window: inputs.window,
             },
             query: floats(inputs.query),
             key: floats(inputs.key),
@@ -232,8 +238,14 @@ impl<E: HostFloat> Host<E> {
     }
 
     fn key_shape(&self) -> [usize; 3] {
-        let [batch, _, width] = self.query_shape();
-        [batch, self.dims.keys, width]
+        let Dims {
+            batch,
+            keys,
+            kv_heads,
+            head_dim,
+            ..
+        } = self.dims;
+        [batch, keys, kv_heads * head_dim]
     }
 }
 

@@ -1,10 +1,11 @@
-//! The two layouts a PyTorch attention module's weights come in, mapped to and from a layer.
+//! The layouts a PyTorch attention module's weights come in, mapped to and from a layer.
 
 use burn::module::Param;
 use burn::nn::Linear;
 use burn::prelude::*;
 
 use super::{StateDict, WeightsError};
+use crate::error::AttentionError;
 use crate::mha::{MultiHeadAttention, MultiHeadAttentionConfig};
 
 /// Which PyTorch module the keys come from.
@@ -14,6 +15,22 @@ pub enum WeightsLayout {
     Chapter,
     /// Hugging Face's `GPT2Attention`: fused `c_attn` and `c_proj`, stored as `Conv1D`.
     Gpt2,
+    /// Hugging Face's `LlamaAttention`, `Qwen2Attention`, `MistralAttention`: separate
+    /// `nn.Linear` `q_proj`, `k_proj`, `v_proj`, `o_proj` (key/value ones with `num_kv_heads`
+    /// heads).
+    HuggingFace,
+}
+
+impl WeightsLayout {
+    /// The key prefixes of the query, key, value and output projections, for the layouts of
+    /// separate `nn.Linear` layers.
+    fn linear_names(self) -> Option<[&'static str; 4]> {
+        match self {
+            Self::Chapter => Some(["query_layer", "key_layer", "value_layer", "output_layer"]),
+            Self::HuggingFace => Some(["q_proj", "k_proj", "v_proj", "o_proj"]),
+            Self::Gpt2 => None,
+        }
+    }
 }
 
 impl StateDict {
@@ -21,6 +38,8 @@ impl StateDict {
     pub fn layout(&self) -> Result<WeightsLayout, WeightsError> {
         if self.contains("query_layer.weight") {
             Ok(WeightsLayout::Chapter)
+        } else if self.contains("q_proj.weight") {
+            Ok(WeightsLayout::HuggingFace)
         } else if self.contains("c_attn.weight") {
             Ok(WeightsLayout::Gpt2)
         } else {
@@ -30,8 +49,10 @@ impl StateDict {
         }
     }
 
-    /// The config these weights fit, given what a state dict does not record: the number of heads
-    /// and the context length. Sizes and `qkv_bias` come from the tensors; dropout is 0.
+    /// The config these weights fit, given what a state dict does not record: the number of
+    /// (query) heads and the context length. Sizes, the head width, the key/value heads and the
+    /// biases come from the tensors; dropout is 0; no RoPE and no window (a state dict does not
+    /// record them either: set them on the returned config).
     ///
     /// The projections' shapes are checked against each other first, so that a file whose
     /// weights are transposed or mixed up is reported by key and shape.
@@ -65,21 +86,53 @@ impl StateDict {
             }
             Ok(())
         };
-        let config = match self.layout()? {
-            WeightsLayout::Chapter => {
-                let (output_dim, input_dim) = matrix("query_layer.weight")?;
+        let layout = self.layout()?;
+        let config = match layout.linear_names() {
+            Some([query, key, value, output]) => {
+                let weight = |name: &str| format!("{name}.weight");
+                let (query_width, input_dim) = matrix(&weight(query))?;
                 let hint = format!(
-                    "query_layer.weight is [{output_dim}, {input_dim}], i.e. output_dim = \
-                     {output_dim}, input_dim = {input_dim}: nn.Linear stores [out, in]"
+                    "{query}.weight is [{query_width}, {input_dim}], i.e. {query_width} query \
+                     features from {input_dim} inputs: nn.Linear stores [out, in]"
                 );
-                for key in ["key_layer.weight", "value_layer.weight"] {
-                    expect(key, [output_dim, input_dim], &hint)?;
+                let (kv_width, _) = matrix(&weight(key))?;
+                expect(&weight(key), [kv_width, input_dim], &hint)?;
+                expect(&weight(value), [kv_width, input_dim], &hint)?;
+                let (output_dim, _) = matrix(&weight(output))?;
+                expect(&weight(output), [output_dim, query_width], &hint)?;
+                if !query_width.is_multiple_of(num_heads.max(1)) {
+                    return Err(AttentionError::HeadsDoNotDivide {
+                        output_dim: query_width,
+                        num_heads,
+                    }
+                    .into());
                 }
-                expect("output_layer.weight", [output_dim, output_dim], &hint)?;
-                MultiHeadAttentionConfig::new(input_dim, output_dim, context_length, num_heads)
-                    .with_qkv_bias(self.contains("query_layer.bias"))
+                let head_dim = query_width / num_heads.max(1);
+                if head_dim == 0 || !kv_width.is_multiple_of(head_dim) || kv_width == 0 {
+                    return Err(WeightsError::Shape {
+                        key: weight(key),
+                        expected: vec![head_dim, input_dim],
+                        found: vec![kv_width, input_dim],
+                        hint: format!(
+                            " (its rows are key/value heads of head_dim = {head_dim}: \
+                             {query_width} query features / {num_heads} heads)"
+                        ),
+                    });
+                }
+                let kv_heads = kv_width / head_dim;
+                let mut config =
+                    MultiHeadAttentionConfig::new(input_dim, output_dim, context_length, num_heads)
+                        .with_qkv_bias(self.contains(&format!("{query}.bias")))
+                        .with_output_bias(self.contains(&format!("{output}.bias")));
+                if kv_heads != num_heads {
+                    config.num_kv_heads = Some(kv_heads);
+                }
+                if query_width != output_dim {
+                    config.head_dim = Some(head_dim);
+                }
+                config
             }
-            WeightsLayout::Gpt2 => {
+            None => {
                 let (width, columns) = matrix("c_attn.weight")?;
                 let hint = format!(
                     "c_attn.weight is [{width}, {columns}]: GPT-2's Conv1D stores [in, out] with \
@@ -102,42 +155,52 @@ impl StateDict {
         config: &MultiHeadAttentionConfig,
         device: &B::Device,
     ) -> Result<MultiHeadAttention<B>, WeightsError> {
-        let params = match self.layout()? {
-            WeightsLayout::Chapter => self.chapter_params(config, device)?,
-            WeightsLayout::Gpt2 => self.gpt2_params(config, device)?,
+        let layout = self.layout()?;
+        let params = match layout.linear_names() {
+            Some(names) => self.linear_params(names, config, device)?,
+            None => self.gpt2_params(config, device)?,
         };
         params.into_layer(config)
     }
 
-    fn chapter_params<B: Backend>(
+    /// The projections of a layout of separate `nn.Linear` layers named `names`.
+    fn linear_params<B: Backend>(
         &self,
+        [query, key, value, output]: [&str; 4],
         config: &MultiHeadAttentionConfig,
         device: &B::Device,
     ) -> Result<AttentionParams<B>, WeightsError> {
-        let (input, output) = (config.input_dim, config.output_dim);
-        let linear = |name: &str, input: usize, has_bias: bool| {
+        let input = config.input_dim;
+        let query_width = config.num_heads * config.head_dim();
+        let kv_width = config.num_kv_heads() * config.head_dim();
+        let linear = |name: &str, [rows, cols]: [usize; 2], has_bias: bool, flag: &str| {
             // nn.Linear stores [out, in]; Burn's Linear wants [in, out].
             let weight = self
-                .tensor_shaped::<B, 2>(&format!("{name}.weight"), [output, input], device)?
+                .tensor_shaped::<B, 2>(&format!("{name}.weight"), [rows, cols], device)?
                 .transpose();
             let bias_key = format!("{name}.bias");
             let bias = match (has_bias, self.contains(&bias_key)) {
-                (true, _) => Some(self.tensor_shaped::<B, 1>(&bias_key, [output], device)?),
+                (true, _) => Some(self.tensor_shaped::<B, 1>(&bias_key, [rows], device)?),
                 (false, false) => None,
                 (false, true) => {
                     return Err(WeightsError::UnexpectedKey {
                         key: bias_key,
-                        reason: "the config has qkv_bias = false".into(),
+                        reason: format!("the config has {flag} = false"),
                     });
                 }
             };
             Ok(LinearParams { weight, bias })
         };
         Ok(AttentionParams {
-            query: linear("query_layer", input, config.qkv_bias)?,
-            key: linear("key_layer", input, config.qkv_bias)?,
-            value: linear("value_layer", input, config.qkv_bias)?,
-            output: linear("output_layer", output, true)?,
+            query: linear(query, [query_width, input], config.qkv_bias, "qkv_bias")?,
+            key: linear(key, [kv_width, input], config.qkv_bias, "qkv_bias")?,
+            value: linear(value, [kv_width, input], config.qkv_bias, "qkv_bias")?,
+            output: linear(
+                output,
+                [config.output_dim, query_width],
+                config.output_bias,
+                "output_bias",
+            )?,
         })
     }
 
@@ -147,12 +210,16 @@ impl StateDict {
         device: &B::Device,
     ) -> Result<AttentionParams<B>, WeightsError> {
         let width = config.output_dim;
-        if config.input_dim != width || !config.qkv_bias {
+        let plain = config.num_kv_heads() == config.num_heads
+            && config.head_dim() * config.num_heads == width
+            && config.output_bias;
+        if config.input_dim != width || !config.qkv_bias || !plain {
             return Err(WeightsError::UnexpectedKey {
                 key: "c_attn.weight".into(),
                 reason: format!(
-                    "GPT-2 attention needs input_dim = output_dim and qkv_bias, the config has \
-                     input_dim = {}, output_dim = {width}, qkv_bias = {}",
+                    "GPT-2 attention needs input_dim = output_dim, qkv_bias, output_bias and \
+                     plain heads, the config has input_dim = {}, output_dim = {width}, \
+                     qkv_bias = {}, {config:?}",
                     config.input_dim, config.qkv_bias
                 ),
             });
@@ -242,14 +309,14 @@ impl<B: Backend> AttentionParams<B> {
                 Tensor::zeros([linear.weight.dims()[1]], &linear.weight.device())
             })
         };
-        match layout {
-            WeightsLayout::Chapter => {
+        match layout.linear_names() {
+            Some([query, key, value, output]) => {
                 let mut dict = Vec::new();
                 for (name, linear) in [
-                    ("query_layer", &self.query),
-                    ("key_layer", &self.key),
-                    ("value_layer", &self.value),
-                    ("output_layer", &self.output),
+                    (query, &self.query),
+                    (key, &self.key),
+                    (value, &self.value),
+                    (output, &self.output),
                 ] {
                     let weight = linear.weight.clone().transpose(); // [out, in]
                     dict.push((format!("{name}.weight"), weight.into_data()));
@@ -259,7 +326,7 @@ impl<B: Backend> AttentionParams<B> {
                 }
                 dict
             }
-            WeightsLayout::Gpt2 => {
+            None => {
                 let blocks = [&self.query, &self.key, &self.value];
                 let weight = Tensor::cat(blocks.map(|l| l.weight.clone()).to_vec(), 1);
                 let bias = Tensor::cat(blocks.map(bias_or_zeros).to_vec(), 0);

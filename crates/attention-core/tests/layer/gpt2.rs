@@ -9,7 +9,7 @@
 //! weights and inputs with causal outputs (made by `fixtures/make_gpt2_causal.py`); the layer
 //! itself matches it.
 
-mod common;
+use crate::common;
 
 use attention_backends::compare::assert_close;
 use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
@@ -20,12 +20,7 @@ use burn::tensor::Bool;
 use common::{ATOL, RTOL};
 
 fn fixture(name: &str) -> StateDict {
-    StateDict::load(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures")
-            .join(name),
-    )
-    .unwrap()
+    StateDict::load(attention_backends::fixture(name)).unwrap()
 }
 
 /// Bidirectional attention with the layer's projections, as standalone `GPT2Attention` computes.

@@ -2,8 +2,9 @@
 //! 2.15, see `fixtures/README.md`) on every backend — output, attention weights and the
 //! gradients of `loss = sum(y * r)` for the input and every parameter.
 
-mod common;
+use crate::common;
 
+use attention_backends::cases_on;
 use attention_backends::compare::assert_close;
 use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
 use burn::backend::Autodiff;
@@ -12,9 +13,9 @@ use common::{ATOL, RTOL, book_fixtures, fixture_layer};
 
 /// Forward output (default and explicit path) and attention weights.
 fn forward_matches_pytorch<B: Backend>(device: &B::Device) {
-    for path in book_fixtures() {
-        let fixture = StateDict::load(&path).unwrap();
-        let layer = fixture_layer::<B>(&fixture, &path, device);
+    for path in cases_on::<B, _>(&book_fixtures()) {
+        let fixture = StateDict::load(path).unwrap();
+        let layer = fixture_layer::<B>(&fixture, path, device);
         let x = fixture.tensor::<B, 3>("x", device).unwrap();
         let name = path.file_name().unwrap().to_string_lossy();
         let expected_y = fixture.tensor::<B, 3>("y", device).unwrap().into_data();
@@ -48,13 +49,12 @@ fn forward_matches_pytorch<B: Backend>(device: &B::Device) {
 
 /// The `.pt` state dict loads to the same parameters as the `.safetensors` one.
 fn pt_loads_like_safetensors<B: Backend>(device: &B::Device) {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let st = dir.join("book_s0_b2_t5_i8_o8_h2_bias.safetensors");
+    let st = attention_backends::fixture("book_s0_b2_t5_i8_o8_h2_bias.safetensors");
     let fixture = StateDict::load(&st).unwrap();
     let from_st = fixture_layer::<B>(&fixture, &st, device);
     let from_pt = fixture_layer::<B>(
         &fixture,
-        &dir.join("book_s0_b2_t5_i8_o8_h2_bias.pt"),
+        &attention_backends::fixture("book_s0_b2_t5_i8_o8_h2_bias.pt"),
         device,
     );
     let a = AttentionParams::of(&from_st).to_state_dict(WeightsLayout::Chapter);
@@ -80,10 +80,10 @@ fn pt_loads_like_safetensors<B: Backend>(device: &B::Device) {
 
 /// `d sum(y * r) / d x` and `/ d param` for every parameter, in PyTorch's layout.
 fn gradients_match_pytorch<B: Backend>(device: &B::Device) {
-    for path in book_fixtures() {
-        let fixture = StateDict::load(&path).unwrap();
+    for path in cases_on::<B, _>(&book_fixtures()) {
+        let fixture = StateDict::load(path).unwrap();
         let name = path.file_name().unwrap().to_string_lossy();
-        let layer = fixture_layer::<Autodiff<B>>(&fixture, &path, device);
+        let layer = fixture_layer::<Autodiff<B>>(&fixture, path, device);
         let x = fixture
             .tensor::<Autodiff<B>, 3>("x", device)
             .unwrap()

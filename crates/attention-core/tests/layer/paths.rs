@@ -2,8 +2,9 @@
 //! batch == each sequence alone; rows with every key masked stay finite; and the fused op's
 //! conventions (`true` = masked, causal mask aligned bottom-right) are what we rely on.
 
-mod common;
+use crate::common;
 
+use attention_backends::cases_on;
 use attention_core::mask::causal_mask;
 use attention_core::weights::{AttentionParams, WeightsLayout};
 use attention_core::{AttentionInput, AttentionPath, MultiHeadAttention, MultiHeadAttentionConfig};
@@ -32,15 +33,15 @@ fn assert_close<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>, wh
 
 /// Several shapes, with and without QKV bias, input_dim ≠ output_dim included.
 fn fused_equals_explicit<B: Backend>(device: &B::Device) {
-    for (i, &(batch, seq, input, output, heads, bias)) in [
+    let cases = [
+        (1, 150, 16, 16, 2, true), // several query and key blocks of the CPU kernel
+        (3, 7, 10, 12, 3, true),
         (1, 6, 4, 4, 2, false),
         (2, 17, 32, 32, 4, true),
-        (3, 7, 10, 12, 3, true),
         (2, 65, 64, 64, 2, false),
-        (1, 150, 16, 16, 2, true), // several query and key blocks of the CPU kernel
-    ]
-    .iter()
-    .enumerate()
+    ];
+    for (i, &(batch, seq, input, output, heads, bias)) in
+        cases_on::<B, _>(&cases).iter().enumerate()
     {
         let config = MultiHeadAttentionConfig::new(input, output, seq, heads).with_qkv_bias(bias);
         let layer = seeded_layer::<B>(&config, 11 + i as u64, device);
@@ -54,13 +55,13 @@ fn fused_equals_explicit<B: Backend>(device: &B::Device) {
 /// A prefill of `p` tokens then steps of one give the full forward's outputs, for p = 0 … t, in
 /// chunks too, with a cache larger than the sequence or exactly its size.
 fn cached_decoding_equals_full_forward<B: Backend>(device: &B::Device) {
-    for (i, &(batch, seq, width, heads, context, bias)) in [
+    let cases = [
         (2, 9, 12, 3, 12, true),
-        (2, 5, 8, 2, 8, true),
         (1, 6, 8, 4, 6, false),
-    ]
-    .iter()
-    .enumerate()
+        (2, 5, 8, 2, 8, true),
+    ];
+    for (i, &(batch, seq, width, heads, context, bias)) in
+        cases_on::<B, _>(&cases).iter().enumerate()
     {
         let config = MultiHeadAttentionConfig::new(8, width, context, heads).with_qkv_bias(bias);
         let layer = seeded_layer::<B>(&config, 30 + i as u64, device);
@@ -71,8 +72,11 @@ fn cached_decoding_equals_full_forward<B: Backend>(device: &B::Device) {
             .flat_map(|p| [(p, AttentionPath::Fused), (p, AttentionPath::Explicit)])
         {
             let mut cache = layer.new_cache();
-            let mut step =
-                |x: Tensor<B, 3>| layer.forward_cached_with(x, &mut cache, path).unwrap();
+            let mut step = |x: Tensor<B, 3>| {
+                layer
+                    .forward_cached_with(AttentionInput::new(x).path(path), &mut cache)
+                    .unwrap()
+            };
             let mut outputs = Vec::new();
             if prefill > 0 {
                 outputs.push(step(x.clone().slice([0..batch, 0..prefill])));
@@ -356,10 +360,9 @@ fn fused_op_reads_strided_views<B: Backend>(device: &B::Device) {
 /// output: the cached path on imported weights, end to end.
 fn cached_decoding_reproduces_the_fixtures<B: Backend>(device: &B::Device) {
     let mut fixtures = common::book_fixtures();
-    fixtures.push(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/gpt2_causal_s0_b2_t7_d16_h4.safetensors"),
-    );
+    fixtures.push(attention_backends::fixture(
+        "gpt2_causal_s0_b2_t7_d16_h4.safetensors",
+    ));
     for path in fixtures {
         let dict = attention_core::weights::StateDict::load(&path).unwrap();
         let heads = if dict.layout().unwrap() == attention_core::weights::WeightsLayout::Gpt2 {
@@ -407,12 +410,19 @@ fn cache_growth_keeps_every_position() {
         let mut cache = layer.new_cache();
         let mut outputs = vec![
             layer
-                .forward_cached_with(x.clone().slice([0..2, 0..70]), &mut cache, path)
+                .forward_cached_with(
+                    AttentionInput::new(x.clone().slice([0..2, 0..70])).path(path),
+                    &mut cache,
+                )
                 .unwrap(),
         ];
         for t in 70..seq {
             let token = x.clone().slice([0..2, t..t + 1]);
-            outputs.push(layer.forward_cached_with(token, &mut cache, path).unwrap());
+            outputs.push(
+                layer
+                    .forward_cached_with(AttentionInput::new(token).path(path), &mut cache)
+                    .unwrap(),
+            );
         }
         assert_eq!(
             (cache.len(), cache.allocated()),

@@ -2,7 +2,7 @@
 //! with an exactly-zero upper triangle, determinism without dropout, and dropout after the
 //! softmax rescaling the kept weights by 1/(1-p).
 
-mod common;
+use crate::common;
 
 use attention_core::weights::{AttentionParams, LinearParams};
 use attention_core::{MultiHeadAttention, MultiHeadAttentionConfig};

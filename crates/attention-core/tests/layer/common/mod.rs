@@ -13,7 +13,7 @@ pub const RTOL: f64 = 1e-4;
 
 /// The chapter-module fixtures (`book_*.safetensors`), sorted.
 pub fn book_fixtures() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = attention_backends::fixture("");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("tests/fixtures")
         .map(|entry| entry.unwrap().path())
@@ -58,7 +58,10 @@ pub fn seeded_layer<B: Backend>(
     device: &B::Device,
 ) -> MultiHeadAttention<B> {
     B::seed(device, seed);
-    config.init(device)
+    let layer = config.init(device);
+    // Burn initializes parameters lazily, on first use: draw them now, while the seed holds.
+    let _ = attention_core::weights::AttentionParams::of(&layer);
+    layer
 }
 
 /// A standard-normal tensor from a fixed seed.

@@ -1,0 +1,20 @@
+//! The layer's integration tests, one binary: every module instantiates its generic test bodies
+//! on ndarray, flex and wgpu (`backend_tests!`), and in one binary Burn's generic code is compiled
+//! once for all of them instead of once per file.
+//!
+//! - `parity`: PyTorch's chapter module (outputs, weights, gradients; `.pt` and safetensors).
+//! - `gpt2`: Hugging Face's `GPT2Attention`.
+//! - `hugging_face`: Hugging Face's Llama, Qwen2 and Mistral attention (GQA, RoPE, windows).
+//! - `modern`: grouped heads, rotary positions and windows against equivalent layers.
+//! - `paths`: explicit == fused == cached, padding, masks.
+//! - `properties`: causality, distributions, determinism, dropout.
+//! - `errors`: bad input is an error value naming what was wrong.
+
+mod common;
+mod errors;
+mod gpt2;
+mod hugging_face;
+mod modern;
+mod parity;
+mod paths;
+mod properties;
