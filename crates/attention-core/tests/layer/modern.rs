@@ -9,28 +9,17 @@ use crate::common;
 use attention_backends::cases_on;
 use attention_backends::compare::assert_close;
 use attention_core::{
-    AttentionInput, AttentionPath, KvCache, MultiHeadAttention, MultiHeadAttentionConfig,
-    RopeConfig,
+    AttentionInput, AttentionPath, KvCache, MultiHeadAttentionConfig, RopeConfig,
 };
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::{Bool, Int};
-use common::{randn, seeded_layer};
+use common::{on_path, randn, seeded_layer};
 
 const PATHS: [AttentionPath; 2] = [AttentionPath::Explicit, AttentionPath::Fused];
 
 fn close<B: Backend>(found: Tensor<B, 3>, want: Tensor<B, 3>, what: &str) {
     assert_close(&found.into_data(), &want.into_data(), 1e-5, 1e-4, what);
-}
-
-fn on_path<B: Backend>(
-    layer: &MultiHeadAttention<B>,
-    x: Tensor<B, 3>,
-    path: AttentionPath,
-) -> Tensor<B, 3> {
-    layer
-        .forward_with(AttentionInput::new(x).path(path))
-        .unwrap()
 }
 
 /// A Llama-style config: 4 query heads over `kv` key/value heads of 6 features, RoPE.

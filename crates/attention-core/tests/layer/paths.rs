@@ -7,25 +7,15 @@ use crate::common;
 use attention_backends::cases_on;
 use attention_core::mask::causal_mask;
 use attention_core::weights::{AttentionParams, WeightsLayout};
-use attention_core::{AttentionInput, AttentionPath, MultiHeadAttention, MultiHeadAttentionConfig};
+use attention_core::{AttentionInput, AttentionPath, MultiHeadAttentionConfig};
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::Bool;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use common::{randn, seeded_layer};
+use common::{on_path, randn, seeded_layer};
 
 const TOL: f64 = 1e-5;
-
-fn on_path<B: Backend>(
-    layer: &MultiHeadAttention<B>,
-    x: Tensor<B, 3>,
-    path: AttentionPath,
-) -> Tensor<B, 3> {
-    layer
-        .forward_with(AttentionInput::new(x).path(path))
-        .unwrap()
-}
 
 fn assert_close<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>, what: &str) {
     attention_backends::compare::assert_close(&a.into_data(), &b.into_data(), TOL, 0.0, what);

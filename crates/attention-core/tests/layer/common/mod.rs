@@ -73,3 +73,14 @@ pub fn randn<B: Backend, const D: usize>(
     B::seed(device, seed);
     Tensor::random(shape, burn::tensor::Distribution::Normal(0.0, 1.0), device)
 }
+
+/// The layer's output for `x` on `path`.
+pub fn on_path<B: Backend>(
+    layer: &MultiHeadAttention<B>,
+    x: Tensor<B, 3>,
+    path: attention_core::AttentionPath,
+) -> Tensor<B, 3> {
+    layer
+        .forward_with(attention_core::AttentionInput::new(x).path(path))
+        .unwrap()
+}
