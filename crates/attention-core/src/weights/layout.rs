@@ -343,3 +343,11 @@ impl<B: Backend> AttentionParams<B> {
         }
     }
 }
+
+/// `tensor` copied into storage of its own, in row-major order. On Burn 0.21's wgpu backend a
+/// transposed or narrowed view used as a weight gives wrong one-token products (the KV-cached
+/// decoding steps of `hf-models`' fixtures), so inference code stores loaded weights this way.
+pub fn contiguous<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Tensor<B, D> {
+    let device = tensor.device();
+    Tensor::from_data(tensor.into_data(), &device)
+}

@@ -38,7 +38,7 @@ use thiserror::Error;
 
 use crate::error::AttentionError;
 
-pub use layout::{AttentionParams, LinearParams, WeightsLayout};
+pub use layout::{AttentionParams, LinearParams, WeightsLayout, contiguous};
 
 /// What went wrong reading weights or fitting them to a layer.
 #[derive(Debug, Error)]
@@ -143,6 +143,35 @@ impl StateDict {
             path: PathBuf::from("<memory>"),
             tensors: tensors.into_iter().collect(),
         }
+    }
+
+    /// Moves the tensors whose names start with `prefix` into a dict of their own, the prefix
+    /// stripped: `model.layers.0.self_attn.` turns a whole checkpoint's
+    /// `model.layers.0.self_attn.q_proj.weight` into the `q_proj.weight` that
+    /// [`to_layer`](Self::to_layer) reads.
+    pub fn split_prefix(&mut self, prefix: &str) -> StateDict {
+        let keys: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|key| key.starts_with(prefix))
+            .cloned()
+            .collect();
+        let tensors = keys
+            .into_iter()
+            .filter_map(|key| {
+                let data = self.tensors.remove(&key)?;
+                Some((key[prefix.len()..].to_string(), data))
+            })
+            .collect();
+        StateDict {
+            path: self.path.clone(),
+            tensors,
+        }
+    }
+
+    /// The named tensors, moved out.
+    pub fn into_tensors(self) -> impl Iterator<Item = (String, TensorData)> {
+        self.tensors.into_iter()
     }
 
     /// The file it was read from.

@@ -1,0 +1,363 @@
+//! Generation through every layer's KV cache, for a batch of left-padded prompts: each row with
+//! its own positions (`cumsum(mask) − 1`, as transformers derives them) and its own padding, so
+//! that a padded row generates what it generates alone; a row that produced an end-of-sequence id
+//! continues with the pad id.
+
+use burn::prelude::*;
+use burn::tensor::{Bool, TensorData};
+use thiserror::Error;
+
+use crate::model::{CausalLm, LmInput, ModelError};
+use crate::sampling::{Sampler, Sampling};
+
+/// Why generation could not run.
+#[derive(Debug, Error)]
+pub enum GenerateError {
+    /// The prompts are not a batch of left-padded rows.
+    #[error("prompts: {0}")]
+    Prompts(String),
+    /// A prompt token outside the vocabulary.
+    #[error(
+        "prompt row {row}, column {column}: token id {token} is outside the vocabulary of {vocab_size}"
+    )]
+    TokenOutOfRange {
+        /// The row.
+        row: usize,
+        /// The column.
+        column: usize,
+        /// The id.
+        token: i64,
+        /// The vocabulary size.
+        vocab_size: usize,
+    },
+    /// Prompt and new tokens exceed the model's positions.
+    #[error(
+        "{prompt} prompt tokens + {new} new tokens exceed the model's {max_positions} positions"
+    )]
+    TooLong {
+        /// Prompt length (pads included: they take cache slots).
+        prompt: usize,
+        /// Tokens to generate.
+        new: usize,
+        /// `max_position_embeddings` / `n_positions`.
+        max_positions: usize,
+    },
+    /// Sampling settings out of range.
+    #[error("sampling: {0}")]
+    Sampling(String),
+    /// The forward pass failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// A batch of prompts of one length, shorter rows padded on the left.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prompts {
+    batch: usize,
+    len: usize,
+    ids: Vec<u32>,
+    real: Vec<bool>,
+}
+
+impl Prompts {
+    /// Rows of different lengths, padded on the left with `pad_id` to the longest.
+    pub fn left_padded(rows: &[Vec<u32>], pad_id: u32) -> Result<Self, GenerateError> {
+        let len = rows.iter().map(Vec::len).max().unwrap_or(0);
+        if rows.is_empty() || rows.iter().any(Vec::is_empty) {
+            return Err(GenerateError::Prompts(
+                "every prompt needs at least one token".into(),
+            ));
+        }
+        let mut ids = Vec::with_capacity(rows.len() * len);
+        let mut real = Vec::with_capacity(rows.len() * len);
+        for row in rows {
+            let pads = len - row.len();
+            ids.extend(std::iter::repeat_n(pad_id, pads).chain(row.iter().copied()));
+            real.extend((0..len).map(|column| column >= pads));
+        }
+        Ok(Self {
+            batch: rows.len(),
+            len,
+            ids,
+            real,
+        })
+    }
+
+    /// `input_ids` and `attention_mask` as transformers takes them (`[batch, len]`, row-major;
+    /// mask 1 for real tokens, 0 for padding on the left).
+    pub fn from_padded(
+        ids: &[i64],
+        mask: &[i64],
+        [batch, len]: [usize; 2],
+    ) -> Result<Self, GenerateError> {
+        let problem = |why: String| Err(GenerateError::Prompts(why));
+        if batch == 0 || len == 0 {
+            return problem(format!("an empty batch [{batch}, {len}]"));
+        }
+        if ids.len() != batch * len || mask.len() != batch * len {
+            return problem(format!(
+                "input_ids has {} values and attention_mask {}, [{batch}, {len}] needs {}",
+                ids.len(),
+                mask.len(),
+                batch * len
+            ));
+        }
+        for (row, values) in mask.chunks(len).enumerate() {
+            if let Some(bad) = values.iter().find(|&&m| m != 0 && m != 1) {
+                return problem(format!("attention_mask row {row} holds {bad}, not 0 or 1"));
+            }
+            if values.windows(2).any(|pair| pair == [1, 0]) {
+                return problem(format!(
+                    "attention_mask row {row} has padding after a real token: only left padding \
+                     is supported (generated tokens follow the last column)"
+                ));
+            }
+            if values.iter().all(|&m| m == 0) {
+                return problem(format!("attention_mask row {row} is all padding"));
+            }
+        }
+        let mut converted = Vec::with_capacity(ids.len());
+        for (i, &id) in ids.iter().enumerate() {
+            let id = u32::try_from(id).map_err(|_| GenerateError::TokenOutOfRange {
+                row: i / len,
+                column: i % len,
+                token: id,
+                vocab_size: u32::MAX as usize,
+            })?;
+            converted.push(id);
+        }
+        Ok(Self {
+            batch,
+            len,
+            ids: converted,
+            real: mask.iter().map(|&m| m == 1).collect(),
+        })
+    }
+
+    /// `[batch, len]`.
+    pub fn dims(&self) -> [usize; 2] {
+        [self.batch, self.len]
+    }
+
+    /// The ids, row-major, pads included.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// Each token's position: its index among its row's real tokens, 0 for pads
+    /// (transformers' `cumsum(attention_mask) − 1`, as `generate` feeds it).
+    pub fn positions(&self) -> Vec<i64> {
+        self.real
+            .chunks(self.len)
+            .flat_map(|row| {
+                let mut seen = 0i64;
+                row.iter().map(move |&real| {
+                    seen += i64::from(real);
+                    (seen - 1).max(0)
+                })
+            })
+            .collect()
+    }
+
+    fn has_padding(&self) -> bool {
+        self.real.iter().any(|&real| !real)
+    }
+}
+
+/// What to generate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateConfig {
+    /// Tokens to add to every row.
+    pub max_new_tokens: usize,
+    /// How each token is chosen.
+    pub sampling: Sampling,
+    /// Ids that end a row; the row continues with `pad_token_id`.
+    pub eos_token_ids: Vec<u32>,
+    /// The id after a row's end.
+    pub pad_token_id: u32,
+    /// Through the KV caches (the default), or the whole sequence again at every step (the
+    /// reference the cached path is tested against).
+    pub use_cache: bool,
+}
+
+impl GenerateConfig {
+    /// Greedy, `max_new_tokens` tokens, through the caches, with the model's end-of-sequence
+    /// and pad ids.
+    pub fn greedy<B: Backend>(model: &CausalLm<B>, max_new_tokens: usize) -> Self {
+        let tokens = model.special_tokens();
+        Self {
+            max_new_tokens,
+            sampling: Sampling::Greedy,
+            eos_token_ids: tokens.eos.clone(),
+            pad_token_id: tokens.pad(),
+            use_cache: true,
+        }
+    }
+}
+
+/// A batch's generation.
+#[derive(Debug, Clone)]
+pub struct Generation<B: Backend> {
+    /// The prompt's logits, with the positions generation uses: `[batch, len, vocab]`
+    /// (meaningless at pad positions).
+    pub prompt_logits: Tensor<B, 3>,
+    /// The logits each new token was chosen from: `[batch, new, vocab]`.
+    pub step_logits: Tensor<B, 3>,
+    /// Each row: the prompt as given (pads included), then the new tokens.
+    pub tokens: Vec<Vec<u32>>,
+}
+
+impl<B: Backend> CausalLm<B> {
+    /// Generates `config.max_new_tokens` tokens after every prompt.
+    pub fn generate(
+        &self,
+        prompts: &Prompts,
+        config: &GenerateConfig,
+        device: &B::Device,
+    ) -> Result<Generation<B>, GenerateError> {
+        config
+            .sampling
+            .validate()
+            .map_err(GenerateError::Sampling)?;
+        let [batch, len] = prompts.dims();
+        let vocab_size = self.config().vocab_size();
+        if let Some(i) = prompts.ids.iter().position(|&id| id as usize >= vocab_size) {
+            return Err(GenerateError::TokenOutOfRange {
+                row: i / len,
+                column: i % len,
+                token: i64::from(prompts.ids[i]),
+                vocab_size,
+            });
+        }
+        let max_positions = self.config().max_positions();
+        if len + config.max_new_tokens > max_positions {
+            return Err(GenerateError::TooLong {
+                prompt: len,
+                new: config.max_new_tokens,
+                max_positions,
+            });
+        }
+        let mut sequence = Sequence::new(prompts);
+        let mut caches = config.use_cache.then(|| self.new_caches());
+        let prompt_logits = self.run(&sequence.input(0, device), caches.as_deref_mut())?;
+        let mut next_logits = prompt_logits.clone().narrow(1, len - 1, 1);
+        let mut sampler = Sampler::new(&config.sampling);
+        let mut finished = vec![false; batch];
+        let mut steps = Vec::with_capacity(config.max_new_tokens);
+        for step in 0..config.max_new_tokens {
+            let logits = next_logits.reshape([batch, vocab_size]);
+            let host = logits
+                .to_data()
+                .convert::<f32>()
+                .into_vec::<f32>()
+                .expect("f32 logits");
+            steps.push(logits);
+            let next: Vec<u32> = host
+                .chunks(vocab_size)
+                .zip(&mut finished)
+                .map(|(row, done)| {
+                    if *done {
+                        return config.pad_token_id;
+                    }
+                    let token = sampler.pick(row) as u32;
+                    *done = config.eos_token_ids.contains(&token);
+                    token
+                })
+                .collect();
+            sequence.push(&next);
+            if step + 1 == config.max_new_tokens {
+                break;
+            }
+            next_logits = match caches.as_deref_mut() {
+                Some(caches) => {
+                    self.run(&sequence.input(sequence.len - 1, device), Some(caches))?
+                }
+                None => {
+                    let logits = self.run(&sequence.input(0, device), None)?;
+                    logits.narrow(1, sequence.len - 1, 1)
+                }
+            };
+        }
+        let step_logits = if steps.is_empty() {
+            Tensor::zeros([batch, 0, vocab_size], device)
+        } else {
+            Tensor::stack(steps, 1)
+        };
+        Ok(Generation {
+            prompt_logits,
+            step_logits,
+            tokens: sequence.rows(),
+        })
+    }
+}
+
+/// The tokens so far, with their positions and padding, on the host.
+struct Sequence {
+    batch: usize,
+    len: usize,
+    ids: Vec<Vec<u32>>,
+    positions: Vec<Vec<i64>>,
+    real: Vec<Vec<bool>>,
+    padded: bool,
+}
+
+impl Sequence {
+    fn new(prompts: &Prompts) -> Self {
+        let [batch, len] = prompts.dims();
+        Self {
+            batch,
+            len,
+            ids: rows(&prompts.ids, len),
+            positions: rows(&prompts.positions(), len),
+            real: rows(&prompts.real, len),
+            padded: prompts.has_padding(),
+        }
+    }
+
+    /// Appends one token to every row, one position after the row's last.
+    fn push(&mut self, tokens: &[u32]) {
+        for (row, &token) in tokens.iter().enumerate() {
+            let position = self.positions[row][self.len - 1] + 1;
+            self.ids[row].push(token);
+            self.positions[row].push(position);
+            self.real[row].push(true);
+        }
+        self.len += 1;
+    }
+
+    /// The tokens from column `start` on, with the padding of every column up to the last.
+    fn input<B: Backend>(&self, start: usize, device: &B::Device) -> LmInput<B> {
+        let shape = [self.batch, self.len - start];
+        let take = |rows: &[Vec<i64>]| -> Vec<i64> {
+            rows.iter()
+                .flat_map(|row| row[start..].iter().copied())
+                .collect()
+        };
+        let ids: Vec<Vec<i64>> = self
+            .ids
+            .iter()
+            .map(|row| row.iter().map(|&id| i64::from(id)).collect())
+            .collect();
+        let int = |values: Vec<i64>| {
+            Tensor::<B, 2, Int>::from_data(TensorData::new(values, shape), device)
+        };
+        let key_padding = self.padded.then(|| {
+            let pads: Vec<bool> = self.real.iter().flatten().map(|&real| !real).collect();
+            Tensor::<B, 2, Bool>::from_data(TensorData::new(pads, [self.batch, self.len]), device)
+        });
+        LmInput {
+            tokens: int(take(&ids)),
+            positions: int(take(&self.positions)),
+            key_padding,
+        }
+    }
+
+    fn rows(self) -> Vec<Vec<u32>> {
+        self.ids
+    }
+}
+
+/// Row-major values as rows of `len`.
+fn rows<T: Clone>(values: &[T], len: usize) -> Vec<Vec<T>> {
+    values.chunks(len).map(<[T]>::to_vec).collect()
+}

@@ -1,0 +1,43 @@
+//! Causal language models from Hugging Face checkpoints, built from
+//! [`attention_core::MultiHeadAttention`]: GPT-2 and the Llama family (Llama, Mistral, Qwen2),
+//! generic over the Burn backend, giving transformers' logits and tokens.
+//!
+//! ```no_run
+//! use burn::backend::NdArray;
+//! use hf_models::{CausalLm, GenerateConfig, Prompts};
+//!
+//! let device = Default::default();
+//! // A directory as `save_pretrained` writes it: config.json, model.safetensors.
+//! let model = CausalLm::<NdArray>::load("models/tiny-llama", &device)?;
+//! let prompts = Prompts::left_padded(&[vec![5, 17, 9], vec![12]], model.special_tokens().pad())?;
+//! let generation = model.generate(&prompts, &GenerateConfig::greedy(&model, 16), &device)?;
+//! println!("{:?}", generation.tokens);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! - `config.rs`: `config.json` read into a [`ModelConfig`]; anything that changes the
+//!   computation and is not implemented is an error naming the field.
+//! - `checkpoint.rs`: the directory's files (`model.safetensors`, or shards), tensors taken by
+//!   name, extra ones refused.
+//! - `gpt2.rs`, `llama.rs`: the two architectures.
+//! - `model.rs`: [`CausalLm`], the forward pass with and without KV caches.
+//! - `generate.rs`, `sampling.rs`: batched generation from left-padded [`Prompts`].
+#![warn(missing_docs)]
+
+mod checkpoint;
+mod config;
+mod generate;
+mod gpt2;
+mod llama;
+mod model;
+mod sampling;
+
+pub use checkpoint::{LoadError, read_config, read_special_tokens, read_weights};
+pub use config::{
+    ConfigError, Gelu, Gpt2Config, LlamaConfig, LlamaFamily, ModelConfig, SpecialTokens,
+};
+pub use generate::{GenerateConfig, GenerateError, Generation, Prompts};
+pub use gpt2::{Gpt2, Gpt2Block};
+pub use llama::{Llama, LlamaBlock};
+pub use model::{CausalLm, LmInput, ModelError, Network};
+pub use sampling::Sampling;

@@ -1,0 +1,272 @@
+//! [`CausalLm`]: a checkpoint directory loaded into one of the architectures, and what every
+//! architecture shares (the input of a forward pass, attention through an optional cache, the LM
+//! head).
+
+use std::path::Path;
+
+use attention_core::{AttentionError, AttentionInput, KvCache, MultiHeadAttention};
+use burn::nn::{Embedding, Linear};
+use burn::prelude::*;
+use burn::tensor::Bool;
+use thiserror::Error;
+
+use crate::checkpoint::{Checkpoint, LoadError, read_config, read_special_tokens, read_weights};
+use crate::config::{ModelConfig, SpecialTokens};
+use crate::gpt2::Gpt2;
+use crate::llama::Llama;
+
+/// Why a forward pass could not run.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    /// The attention layers refused the input (context overflow, mismatched cache, shapes).
+    #[error(transparent)]
+    Attention(#[from] AttentionError),
+    /// A token id outside the vocabulary.
+    #[error("token id {token} is outside the vocabulary of {vocab_size}")]
+    TokenOutOfRange {
+        /// The id.
+        token: i64,
+        /// The vocabulary size.
+        vocab_size: usize,
+    },
+    /// A position outside the model's range.
+    #[error("position {position} is outside the model's {max_positions} positions")]
+    PositionOutOfRange {
+        /// The position.
+        position: i64,
+        /// `max_position_embeddings` / `n_positions`.
+        max_positions: usize,
+    },
+    /// The tokens, positions and padding disagree in shape, or the caches are not one per layer.
+    #[error("{0}")]
+    Shape(String),
+}
+
+/// Tokens to run, with their positions and the padding of every key they attend to.
+///
+/// # Shapes
+/// - `tokens`, `positions`: `[batch, seq]`
+/// - `key_padding`: `[batch, cached + seq]`, `true` = padding (a left-padded prompt's pads)
+#[derive(Debug, Clone)]
+pub struct LmInput<B: Backend> {
+    /// Token ids.
+    pub tokens: Tensor<B, 2, Int>,
+    /// Each token's position: RoPE's angle, GPT-2's learned position.
+    pub positions: Tensor<B, 2, Int>,
+    /// Keys no query may attend to; `None` when there are none.
+    pub key_padding: Option<Tensor<B, 2, Bool>>,
+}
+
+/// The networks [`CausalLm`] can hold.
+#[derive(Debug)]
+pub enum Network<B: Backend> {
+    /// `GPT2LMHeadModel`.
+    Gpt2(Box<Gpt2<B>>),
+    /// `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`.
+    Llama(Box<Llama<B>>),
+}
+
+/// A causal language model loaded from a Hugging Face checkpoint directory.
+#[derive(Debug)]
+pub struct CausalLm<B: Backend> {
+    config: ModelConfig,
+    special_tokens: SpecialTokens,
+    network: Network<B>,
+}
+
+impl<B: Backend> CausalLm<B> {
+    /// Loads a directory as `save_pretrained` writes it: `config.json` (the architecture from
+    /// `model_type`) and `model.safetensors` or its sharded form. A missing, mis-shaped or extra
+    /// tensor, and a config value not implemented here, are errors naming it.
+    pub fn load(dir: impl AsRef<Path>, device: &B::Device) -> Result<Self, LoadError> {
+        let dir = dir.as_ref();
+        let config = read_config(dir)?;
+        let special_tokens = read_special_tokens(dir)?;
+        let weights = read_weights(dir)?;
+        Ok(Self::from_weights(config, weights, device)?.with_special_tokens(special_tokens))
+    }
+
+    /// Sets the end-of-sequence and pad ids (read from the directory by [`load`](Self::load)).
+    pub fn with_special_tokens(mut self, special_tokens: SpecialTokens) -> Self {
+        self.special_tokens = special_tokens;
+        self
+    }
+
+    /// The end-of-sequence and pad ids.
+    pub fn special_tokens(&self) -> &SpecialTokens {
+        &self.special_tokens
+    }
+
+    /// The model of `config` with the tensors of a state dict, named as transformers names them.
+    pub fn from_weights(
+        config: ModelConfig,
+        weights: attention_core::weights::StateDict,
+        device: &B::Device,
+    ) -> Result<Self, LoadError> {
+        let network = match &config {
+            ModelConfig::Gpt2(gpt2) => {
+                let mut checkpoint = Checkpoint::new(weights, "GPT-2");
+                let network = Gpt2::load(gpt2, &mut checkpoint, device)?;
+                checkpoint.finish()?;
+                Network::Gpt2(Box::new(network))
+            }
+            ModelConfig::Llama(llama) => {
+                let mut checkpoint = Checkpoint::new(weights, "Llama-family");
+                let network = Llama::load(llama, &mut checkpoint, device)?;
+                checkpoint.finish()?;
+                Network::Llama(Box::new(network))
+            }
+        };
+        Ok(Self {
+            config,
+            special_tokens: SpecialTokens::default(),
+            network,
+        })
+    }
+
+    /// What `config.json` said.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The network, to reach its layers.
+    pub fn network(&self) -> &Network<B> {
+        &self.network
+    }
+
+    /// One empty KV cache per layer, for [`forward_cached`](Self::forward_cached).
+    pub fn new_caches(&self) -> Vec<KvCache<B>> {
+        self.attention_layers()
+            .map(MultiHeadAttention::new_cache)
+            .collect()
+    }
+
+    fn attention_layers(&self) -> Box<dyn Iterator<Item = &MultiHeadAttention<B>> + '_> {
+        match &self.network {
+            Network::Gpt2(model) => Box::new(model.blocks.iter().map(|b| &b.attention)),
+            Network::Llama(model) => Box::new(model.blocks.iter().map(|b| &b.attention)),
+        }
+    }
+
+    /// The logits of every token of a whole sequence.
+    ///
+    /// # Shapes
+    /// - `input`: see [`LmInput`] (no cached positions)
+    /// - output: `[batch, seq, vocab]`
+    pub fn forward(&self, input: &LmInput<B>) -> Result<Tensor<B, 3>, ModelError> {
+        self.check(input)?;
+        self.run(input, None)
+    }
+
+    /// The logits of tokens that follow those in `caches` (one per layer, from
+    /// [`new_caches`](Self::new_caches)), appending their keys and values.
+    ///
+    /// # Shapes
+    /// - `input`: see [`LmInput`]
+    /// - output: `[batch, seq, vocab]`
+    pub fn forward_cached(
+        &self,
+        input: &LmInput<B>,
+        caches: &mut [KvCache<B>],
+    ) -> Result<Tensor<B, 3>, ModelError> {
+        self.check(input)?;
+        let layers = self.attention_layers().count();
+        if caches.len() != layers {
+            return Err(ModelError::Shape(format!(
+                "{} caches for {layers} layers",
+                caches.len()
+            )));
+        }
+        self.run(input, Some(caches))
+    }
+
+    /// The forward pass of input already checked (generation checks its tokens on the host,
+    /// without the device round trips of [`check`](Self::check)).
+    pub(crate) fn run(
+        &self,
+        input: &LmInput<B>,
+        caches: Option<&mut [KvCache<B>]>,
+    ) -> Result<Tensor<B, 3>, ModelError> {
+        match &self.network {
+            Network::Gpt2(model) => model.forward(input, caches),
+            Network::Llama(model) => model.forward(input, caches),
+        }
+    }
+
+    /// Token ids within the vocabulary, positions within the model's range, matching shapes:
+    /// an embedding lookup out of range would read another row or fail on the device.
+    fn check(&self, input: &LmInput<B>) -> Result<(), ModelError> {
+        let dims = input.tokens.dims();
+        if input.positions.dims() != dims {
+            return Err(ModelError::Shape(format!(
+                "tokens are {dims:?} but positions are {:?}",
+                input.positions.dims()
+            )));
+        }
+        let range = |tensor: &Tensor<B, 2, Int>| {
+            let [min, max] =
+                [tensor.clone().min(), tensor.clone().max()].map(|t| t.into_scalar().elem::<i64>());
+            (min, max)
+        };
+        let vocab_size = self.config.vocab_size();
+        let (min, max) = range(&input.tokens);
+        if let Some(token) = [min, max]
+            .into_iter()
+            .find(|&t| t < 0 || t >= vocab_size as i64)
+        {
+            return Err(ModelError::TokenOutOfRange { token, vocab_size });
+        }
+        let max_positions = self.config.max_positions();
+        let (min, max) = range(&input.positions);
+        if let Some(position) = [min, max]
+            .into_iter()
+            .find(|&p| p < 0 || p >= max_positions as i64)
+        {
+            return Err(ModelError::PositionOutOfRange {
+                position,
+                max_positions,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A block's attention over `x`, through `cache` when there is one.
+pub(crate) fn attend<B: Backend>(
+    attention: &MultiHeadAttention<B>,
+    x: Tensor<B, 3>,
+    input: &LmInput<B>,
+    cache: Option<&mut KvCache<B>>,
+) -> Result<Tensor<B, 3>, AttentionError> {
+    let mut attention_input = AttentionInput::new(x).positions(input.positions.clone());
+    if let Some(padding) = &input.key_padding {
+        attention_input = attention_input.key_padding(padding.clone());
+    }
+    match cache {
+        Some(cache) => attention.forward_cached_with(attention_input, cache),
+        None => attention.forward_with(attention_input),
+    }
+}
+
+/// The LM head: `head`, or the token embedding's transpose when tied (`h · Eᵀ`).
+///
+/// # Shapes
+/// - `x`: `[batch, seq, width]`
+/// - output: `[batch, seq, vocab]`
+pub(crate) fn lm_head<B: Backend>(
+    x: Tensor<B, 3>,
+    head: Option<&Linear<B>>,
+    embedding: &Embedding<B>,
+) -> Tensor<B, 3> {
+    match head {
+        Some(head) => head.forward(x),
+        None => {
+            let [batch, seq, width] = x.dims();
+            let weight = embedding.weight.val(); // [vocab, width]
+            let vocab = weight.dims()[0];
+            x.reshape([batch * seq, width])
+                .matmul(weight.transpose())
+                .reshape([batch, seq, vocab])
+        }
+    }
+}

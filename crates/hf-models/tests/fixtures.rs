@@ -1,0 +1,254 @@
+//! Every causal-LM directory of the Hugging Face fixtures (`save_pretrained` output of
+//! transformers' own classes, random weights): prompt logits, every step's logits and the greedy
+//! tokens, against `expected.safetensors`.
+
+use attention_backends::{backend_tests, cases_on, fixture};
+use burn::prelude::*;
+use hf_models::{CausalLm, GenerateConfig, Generation, Prompts};
+use tensor_files::{Dtype, RawTensor, Tensors};
+
+/// The model directories, Llama first: wgpu runs the first two (see `cases_on`).
+const MODELS: [&str; 4] = [
+    "llama_tiny_s1",
+    "gpt2_tiny_s0",
+    "qwen2_tiny_s2",
+    "mistral_tiny_s3",
+];
+
+struct Expected {
+    tensors: Tensors,
+}
+
+impl Expected {
+    fn read(model: &str) -> Self {
+        let path = fixture(&format!("hf/{model}/expected.safetensors"));
+        Self {
+            tensors: tensor_files::read(&path).unwrap(),
+        }
+    }
+
+    fn raw(&self, key: &str) -> &RawTensor {
+        &self.tensors[key]
+    }
+
+    fn ints(&self, key: &str) -> (Vec<i64>, Vec<usize>) {
+        let raw = self.raw(key);
+        assert_eq!(raw.dtype, Dtype::I64);
+        let values = raw
+            .bytes
+            .chunks(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        (values, raw.shape.clone())
+    }
+
+    fn floats(&self, key: &str) -> (Vec<f32>, Vec<usize>) {
+        let raw = self.raw(key);
+        assert_eq!(raw.dtype, Dtype::F32);
+        let values = raw
+            .bytes
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        (values, raw.shape.clone())
+    }
+
+    fn prompts(&self) -> Prompts {
+        let (ids, shape) = self.ints("input_ids");
+        let (mask, _) = self.ints("attention_mask");
+        Prompts::from_padded(&ids, &mask, [shape[0], shape[1]]).unwrap()
+    }
+}
+
+fn generate<B: Backend>(
+    model: &str,
+    use_cache: bool,
+    device: &B::Device,
+) -> (CausalLm<B>, Generation<B>) {
+    let lm = CausalLm::<B>::load(fixture(&format!("hf/{model}")), device).unwrap();
+    let expected = Expected::read(model);
+    let new = expected.raw("generated").shape[1] - expected.prompts().dims()[1];
+    let config = GenerateConfig {
+        use_cache,
+        ..GenerateConfig::greedy(&lm, new)
+    };
+    let generation = lm.generate(&expected.prompts(), &config, device).unwrap();
+    (lm, generation)
+}
+
+fn host<B: Backend>(tensor: Tensor<B, 3>) -> Vec<f32> {
+    tensor.into_data().convert::<f32>().into_vec().unwrap()
+}
+
+/// `|got − want| ≤ 1e-4 · max(1, max |want|)` wherever `keep(row, column)`; returns the largest
+/// error as a fraction of the tolerance.
+fn assert_logits_close(
+    what: &str,
+    got: &[f32],
+    want: &[f32],
+    [batch, len, vocab]: [usize; 3],
+    keep: impl Fn(usize, usize) -> bool,
+) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: sizes");
+    let scale = want.iter().fold(1f32, |m, w| m.max(w.abs()));
+    let tolerance = 1e-4 * scale;
+    let mut worst = 0f32;
+    for row in 0..batch {
+        for column in (0..len).filter(|&c| keep(row, c)) {
+            for token in 0..vocab {
+                let i = (row * len + column) * vocab + token;
+                let error = (got[i] - want[i]).abs();
+                assert!(
+                    error <= tolerance,
+                    "{what}[{row}, {column}, {token}]: {} vs {} (tolerance {tolerance})",
+                    got[i],
+                    want[i]
+                );
+                worst = worst.max(error / tolerance);
+            }
+        }
+    }
+    worst
+}
+
+fn check_against_transformers<B: Backend>(model: &str, generation: Generation<B>) {
+    let expected = Expected::read(model);
+    let (mask, _) = expected.ints("attention_mask");
+    let (want, shape) = expected.floats("logits_with_position_ids");
+    let [batch, len, vocab] = [shape[0], shape[1], shape[2]];
+    let got = host(generation.prompt_logits);
+    let prompt_worst = assert_logits_close(
+        &format!("{model} prompt logits"),
+        &got,
+        &want,
+        [batch, len, vocab],
+        |row, column| mask[row * len + column] == 1,
+    );
+    let (want, shape) = expected.floats("step_logits");
+    let got = host(generation.step_logits);
+    let step_worst = assert_logits_close(
+        &format!("{model} step logits"),
+        &got,
+        &want,
+        [shape[0], shape[1], shape[2]],
+        |_, _| true,
+    );
+    let (generated, shape) = expected.ints("generated");
+    let tokens: Vec<i64> = generation
+        .tokens
+        .iter()
+        .flatten()
+        .map(|&t| i64::from(t))
+        .collect();
+    assert_eq!(tokens.len(), shape[0] * shape[1]);
+    assert_eq!(tokens, generated, "{model}: greedy tokens");
+    eprintln!(
+        "{model}: worst logit error {prompt_worst:.3} (prompt), {step_worst:.3} (steps) of the \
+         tolerance"
+    );
+}
+
+/// Logits of the prompt and of every step, and the greedy tokens, as transformers gave them.
+fn models_match_transformers<B: Backend>(device: &B::Device) {
+    for model in cases_on::<B, _>(&MODELS) {
+        let (_, generation) = generate::<B>(model, true, device);
+        check_against_transformers(model, generation);
+    }
+}
+
+/// Generating through the caches and recomputing the whole sequence at every step give the
+/// same tokens and (to rounding) the same logits.
+fn cached_generation_equals_uncached<B: Backend>(device: &B::Device) {
+    for model in cases_on::<B, _>(&MODELS[..2]) {
+        let (_, cached) = generate::<B>(model, true, device);
+        let (_, uncached) = generate::<B>(model, false, device);
+        assert_eq!(cached.tokens, uncached.tokens, "{model}");
+        let dims = cached.step_logits.dims();
+        let worst = assert_logits_close(
+            model,
+            &host(cached.step_logits),
+            &host(uncached.step_logits),
+            dims,
+            |_, _| true,
+        );
+        assert!(
+            worst < 0.5,
+            "{model}: cached vs uncached at {worst} of the tolerance"
+        );
+    }
+}
+
+/// Row 1 of every fixture is left-padded: alone and unpadded it generates the same tokens, with
+/// the step logits transformers gave for it alone.
+fn a_padded_row_generates_what_it_generates_alone<B: Backend>(device: &B::Device) {
+    for model in cases_on::<B, _>(&MODELS) {
+        let expected = Expected::read(model);
+        let lm = CausalLm::<B>::load(fixture(&format!("hf/{model}")), device).unwrap();
+        let (ids, shape) = expected.ints("input_ids");
+        let (mask, _) = expected.ints("attention_mask");
+        let len = shape[1];
+        let row: Vec<u32> = (0..len)
+            .filter(|&c| mask[len + c] == 1)
+            .map(|c| ids[len + c] as u32)
+            .collect();
+        let prompts = Prompts::left_padded(&[row], lm.special_tokens().pad()).unwrap();
+        let (alone, alone_shape) = expected.ints("generated_unpadded_row1");
+        let new = alone_shape[1] - prompts.dims()[1];
+        let generation = lm
+            .generate(&prompts, &GenerateConfig::greedy(&lm, new), device)
+            .unwrap();
+        let tokens: Vec<i64> = generation.tokens[0].iter().map(|&t| i64::from(t)).collect();
+        assert_eq!(tokens, alone, "{model}: row 1 alone");
+        let (want, shape) = expected.floats("step_logits_unpadded_row1");
+        assert_logits_close(
+            &format!("{model} row 1 alone"),
+            &host(generation.step_logits),
+            &want,
+            [shape[0], shape[1], shape[2]],
+            |_, _| true,
+        );
+        let (padded, shape) = expected.ints("generated");
+        let pads = len - prompts.dims()[1];
+        assert_eq!(
+            &padded[shape[1] + pads..2 * shape[1]],
+            &alone[..],
+            "{model}"
+        );
+    }
+}
+
+/// On the CPU backends; wgpu runs the unpadded generation below and the padded batch ignored.
+mod padded_batch_ndarray {
+    #[test]
+    fn models_match_transformers() {
+        super::models_match_transformers::<attention_backends::NdArray>(&Default::default());
+    }
+    #[test]
+    fn cached_generation_equals_uncached() {
+        super::cached_generation_equals_uncached::<attention_backends::NdArray>(&Default::default());
+    }
+}
+
+mod padded_batch_flex {
+    #[test]
+    fn models_match_transformers() {
+        super::models_match_transformers::<attention_backends::Flex>(&Default::default());
+    }
+    #[test]
+    fn cached_generation_equals_uncached() {
+        super::cached_generation_equals_uncached::<attention_backends::Flex>(&Default::default());
+    }
+}
+
+/// Known failure: on Burn 0.21's wgpu backend the KV-cached steps of a left-padded batch give
+/// wrong logits for the padded row from the second new token on (the prompt and the first token
+/// match transformers; unpadded rows and uncached generation do too). Run with `--ignored`.
+#[test]
+#[ignore = "Burn 0.21 wgpu: cached steps of a left-padded batch are wrong for the padded row"]
+fn wgpu_left_padded_batch_matches_transformers() {
+    if let Some(device) = attention_backends::wgpu_device_for_test("wgpu_left_padded_batch") {
+        models_match_transformers::<attention_backends::Wgpu>(&device);
+    }
+}
+
+backend_tests!(a_padded_row_generates_what_it_generates_alone);

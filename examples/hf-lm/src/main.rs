@@ -1,0 +1,124 @@
+//! `hf-lm`: a Hugging Face checkpoint directory (GPT-2, Llama, Mistral, Qwen2) on a Burn backend.
+//!
+//! - `hf-lm --model DIR --input IDS.safetensors --new-tokens N --output OUT.safetensors`:
+//!   `IDS` holds `input_ids` and `attention_mask` (`[batch, t]`, int64, padding on the left);
+//!   `OUT` gets the prompt's `logits` (`[batch, t, vocab]`, f32) and `generated`
+//!   (`[batch, t + N]`, int64).
+//! - `hf-lm --model DIR --prompt TEXT`: with `DIR/tokenizer.json` (and the `tokenizer`
+//!   feature), prints the continuation and the speed.
+//!
+//! Bad input is one `error:` line and exit code 2, with no output file written.
+
+mod files;
+mod text;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use attention_backends::{BackendName, NoAdapter, OnBackend, dispatch};
+use burn::prelude::*;
+use clap::Parser;
+use hf_models::{CausalLm, GenerateConfig, GenerateError, LoadError, Sampling};
+use thiserror::Error;
+
+/// What the user is told, as one `error:` line.
+#[derive(Debug, Error)]
+enum CliError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    Generate(#[from] GenerateError),
+    #[error(transparent)]
+    NoAdapter(#[from] NoAdapter),
+    #[error(transparent)]
+    Output(#[from] tensor_files::OutputError),
+    #[error(transparent)]
+    File(#[from] tensor_files::FileError),
+    #[error("{0}")]
+    Input(String),
+}
+
+#[derive(Debug, Parser)]
+#[command(about)]
+struct Cli {
+    /// A directory as `save_pretrained` writes it: config.json and model.safetensors (or shards).
+    #[arg(long)]
+    model: PathBuf,
+    /// A safetensors file with `input_ids` and `attention_mask` ([batch, t], int64).
+    #[arg(long, requires = "output", conflicts_with = "prompt")]
+    input: Option<PathBuf>,
+    /// Where `logits` and `generated` are written (never over an input).
+    #[arg(long, requires = "input")]
+    output: Option<PathBuf>,
+    /// Text to continue (needs DIR/tokenizer.json and the `tokenizer` feature).
+    #[arg(long, required_unless_present = "input")]
+    prompt: Option<String>,
+    /// Tokens to generate after every prompt.
+    #[arg(long, default_value_t = 16)]
+    new_tokens: usize,
+    #[arg(long, value_enum, default_value_t = BackendName::Flex)]
+    backend: BackendName,
+    /// Sample at this temperature instead of choosing the most likely token.
+    #[arg(long, allow_negative_numbers = true)]
+    temperature: Option<f64>,
+    /// With sampling: draw from the k most likely tokens.
+    #[arg(long, requires = "temperature")]
+    top_k: Option<usize>,
+    /// With sampling: draw from the most likely tokens whose probabilities reach p.
+    #[arg(long, requires = "temperature", allow_negative_numbers = true)]
+    top_p: Option<f64>,
+    /// With sampling: the seed of the draws.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl Cli {
+    fn sampling(&self) -> Sampling {
+        match self.temperature {
+            None => Sampling::Greedy,
+            Some(temperature) => Sampling::Sample {
+                temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                seed: self.seed,
+            },
+        }
+    }
+
+    fn generate_config<B: Backend>(&self, model: &CausalLm<B>) -> GenerateConfig {
+        GenerateConfig {
+            sampling: self.sampling(),
+            ..GenerateConfig::greedy(model, self.new_tokens)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli.backend, Run(&cli))
+        .map_err(CliError::from)
+        .and_then(|done| done)
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The command on the backend `--backend` names.
+struct Run<'a>(&'a Cli);
+
+impl OnBackend for Run<'_> {
+    type Output = Result<(), CliError>;
+
+    fn run<B: Backend>(self, _: &'static str, device: B::Device) -> Self::Output {
+        let cli = self.0;
+        match (&cli.input, &cli.output, &cli.prompt) {
+            (Some(input), Some(output), _) => files::run::<B>(cli, input, output, &device),
+            (_, _, Some(prompt)) => text::run::<B>(cli, prompt, &device),
+            _ => unreachable!("clap requires --input and --output, or --prompt"),
+        }
+    }
+}
