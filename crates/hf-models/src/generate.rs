@@ -328,15 +328,16 @@ impl Sequence {
     /// The tokens from column `start` on, with the padding of every column up to the last.
     fn input<B: Backend>(&self, start: usize, device: &B::Device) -> LmInput<B> {
         let shape = [self.batch, self.len - start];
-        let take = |rows: &[Vec<i64>]| -> Vec<i64> {
-            rows.iter()
-                .flat_map(|row| row[start..].iter().copied())
-                .collect()
-        };
-        let ids: Vec<Vec<i64>> = self
+        // Only the columns from `start` on: a cached step converts one token per row.
+        let ids: Vec<i64> = self
             .ids
             .iter()
-            .map(|row| row.iter().map(|&id| i64::from(id)).collect())
+            .flat_map(|row| row[start..].iter().map(|&id| i64::from(id)))
+            .collect();
+        let positions: Vec<i64> = self
+            .positions
+            .iter()
+            .flat_map(|row| row[start..].iter().copied())
             .collect();
         let int = |values: Vec<i64>| {
             Tensor::<B, 2, Int>::from_data(TensorData::new(values, shape), device)
@@ -346,8 +347,8 @@ impl Sequence {
             Tensor::<B, 2, Bool>::from_data(TensorData::new(pads, [self.batch, self.len]), device)
         });
         LmInput {
-            tokens: int(take(&ids)),
-            positions: int(take(&self.positions)),
+            tokens: int(ids),
+            positions: int(positions),
             key_padding,
         }
     }

@@ -151,7 +151,7 @@ impl<B: Backend> Gpt2<B> {
                 Gelu::Tanh => gelu_approximate(hidden),
                 Gelu::Exact => gelu(hidden),
             };
-            x = x.clone() + block.projection.forward(hidden);
+            x = x + block.projection.forward(hidden);
         }
         let x = self.final_norm.forward(x);
         Ok(lm_head(x, self.lm_head.as_ref(), &self.token_embedding))

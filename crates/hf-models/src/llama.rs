@@ -152,7 +152,7 @@ impl<B: Backend> Llama<B> {
             x = x + attended;
             let normed = block.mlp_norm.forward(x.clone());
             let gated = silu(block.gate.forward(normed.clone())) * block.up.forward(normed);
-            x = x.clone() + block.down.forward(gated);
+            x = x + block.down.forward(gated);
         }
         let x = self.final_norm.forward(x);
         Ok(lm_head(x, self.lm_head.as_ref(), &self.token_embedding))

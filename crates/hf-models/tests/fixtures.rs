@@ -5,7 +5,7 @@
 use attention_backends::{backend_tests, cases_on, fixture};
 use burn::prelude::*;
 use hf_models::{CausalLm, GenerateConfig, Generation, Prompts};
-use tensor_files::{Dtype, RawTensor, Tensors};
+use tensor_files::{RawTensor, Tensors};
 
 /// The model directories, Llama first: wgpu runs the first two (see `cases_on`).
 const MODELS: [&str; 4] = [
@@ -33,24 +33,12 @@ impl Expected {
 
     fn ints(&self, key: &str) -> (Vec<i64>, Vec<usize>) {
         let raw = self.raw(key);
-        assert_eq!(raw.dtype, Dtype::I64);
-        let values = raw
-            .bytes
-            .chunks(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        (values, raw.shape.clone())
+        (raw.to_i64().expect("int64"), raw.shape.clone())
     }
 
     fn floats(&self, key: &str) -> (Vec<f32>, Vec<usize>) {
         let raw = self.raw(key);
-        assert_eq!(raw.dtype, Dtype::F32);
-        let values = raw
-            .bytes
-            .chunks(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        (values, raw.shape.clone())
+        (raw.to_f32().expect("f32"), raw.shape.clone())
     }
 
     fn prompts(&self) -> Prompts {

@@ -106,6 +106,35 @@ impl RawTensor {
         Self::new(Dtype::F32, shape, bytes).expect("values fit the shape")
     }
 
+    /// The values of an integer tensor (`int64`, or `int32` widened), `None` for other dtypes.
+    pub fn to_i64(&self) -> Option<Vec<i64>> {
+        match self.dtype {
+            Dtype::I64 => Some(
+                self.bytes
+                    .chunks_exact(8)
+                    .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+                    .collect(),
+            ),
+            Dtype::I32 => Some(
+                self.bytes
+                    .chunks_exact(4)
+                    .map(|b| i64::from(i32::from_le_bytes(b.try_into().expect("4 bytes"))))
+                    .collect(),
+            ),
+            _ => None,
+        }
+    }
+
+    /// The values of an `f32` tensor, `None` for other dtypes.
+    pub fn to_f32(&self) -> Option<Vec<f32>> {
+        (self.dtype == Dtype::F32).then(|| {
+            self.bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+                .collect()
+        })
+    }
+
     /// Number of elements.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()

@@ -66,23 +66,12 @@ fn read_prompts(path: &Path) -> Result<Prompts, CliError> {
         let Some(raw) = tensors.get(key) else {
             return Ok(None);
         };
-        let values = match raw.dtype {
-            Dtype::I64 => raw
-                .bytes
-                .chunks_exact(8)
-                .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
-                .collect(),
-            Dtype::I32 => raw
-                .bytes
-                .chunks_exact(4)
-                .map(|b| i64::from(i32::from_le_bytes(b.try_into().expect("4 bytes"))))
-                .collect(),
-            other => {
-                return Err(problem(format!(
-                    "`{key}` is {other:?}, expected int64 (or int32)"
-                )));
-            }
-        };
+        let values = raw.to_i64().ok_or_else(|| {
+            problem(format!(
+                "`{key}` is {:?}, expected int64 (or int32)",
+                raw.dtype
+            ))
+        })?;
         if raw.shape.len() != 2 {
             return Err(problem(format!(
                 "`{key}` has shape {:?}, expected [batch, t]",

@@ -19,18 +19,14 @@ fn path(path: &Path) -> &str {
 }
 
 fn values(raw: &RawTensor) -> Vec<f64> {
-    match raw.dtype {
-        Dtype::I64 => raw
-            .bytes
-            .chunks(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f64)
+    match raw.to_i64() {
+        Some(ints) => ints.into_iter().map(|v| v as f64).collect(),
+        None => raw
+            .to_f32()
+            .expect("int or f32")
+            .into_iter()
+            .map(f64::from)
             .collect(),
-        Dtype::F32 => raw
-            .bytes
-            .chunks(4)
-            .map(|b| f64::from(f32::from_le_bytes(b.try_into().unwrap())))
-            .collect(),
-        other => panic!("unexpected dtype {other:?}"),
     }
 }
 
