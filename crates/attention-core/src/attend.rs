@@ -78,9 +78,13 @@ pub(crate) fn explicit<B: Backend>(
 ) -> AttentionScores<B> {
     let head_dim = q.dims()[3];
     let scores = q.matmul(k.swap_dims(2, 3)); // [batch, heads, queries, keys]
-    let masked_scores = scores.clone().mask_fill(mask.clone(), f32::NEG_INFINITY);
-    // Divided, not multiplied by 1/√hd, exactly as the reference rounds.
-    let weights = masked_softmax(scores.clone() / (head_dim as f64).sqrt(), mask);
+    let masked_scores = scores.clone().mask_fill(mask, f32::NEG_INFINITY);
+    // Divided, not multiplied by 1/√hd, exactly as the reference rounds. Dividing the masked
+    // scores gives the same values as masking the divided ones (−inf / √hd = −inf) and spares a
+    // second pass over the broadcast mask.
+    let scale = (head_dim as f64).sqrt();
+    let masked_scaled = masked_scores.clone().detach() / scale;
+    let weights = softmax_of_masked(masked_scaled, || scores.clone() / scale);
     let context = dropout.forward(weights.clone()).matmul(v);
     AttentionScores {
         context,
@@ -103,7 +107,19 @@ pub(crate) fn explicit<B: Backend>(
 /// - `scaled`: `[batch, heads, queries, keys]`, finite; `mask`: the same, `true` = masked
 /// - output: `[batch, heads, queries, keys]`
 pub fn masked_softmax<B: Backend>(scaled: Tensor<B, 4>, mask: Tensor<B, 4, Bool>) -> Tensor<B, 4> {
-    let x = scaled.clone().detach().mask_fill(mask, f32::NEG_INFINITY);
+    let masked = scaled.clone().detach().mask_fill(mask, f32::NEG_INFINITY);
+    softmax_of_masked(masked, || scaled)
+}
+
+/// [`masked_softmax`] given `x`, the detached scaled scores with `-inf` where masked; `scaled`
+/// (the tracked scores, without the mask) is only asked for under autodiff.
+///
+/// # Shapes
+/// - `x`, `scaled()`: `[batch, heads, queries, keys]`
+fn softmax_of_masked<B: Backend>(
+    x: Tensor<B, 4>,
+    scaled: impl FnOnce() -> Tensor<B, 4>,
+) -> Tensor<B, 4> {
     // A row of -inf has max -inf; clamping keeps `x - max` at -inf (exp = 0) rather than NaN.
     let max = x.clone().max_dim(3).clamp_min(f32::MIN);
     let exp = (x - max).exp();
@@ -113,6 +129,7 @@ pub fn masked_softmax<B: Backend>(scaled: Tensor<B, 4>, mask: Tensor<B, 4, Bool>
     if !B::ad_enabled(&weights.device()) {
         return weights;
     }
+    let scaled = scaled();
     let delta = scaled.clone() - scaled.detach(); // 0, carrying the gradient of `scaled`
     let centered = delta.clone() - (weights.clone() * delta).sum_dim(3);
     weights.clone() + weights * centered

@@ -500,10 +500,14 @@ impl<B: Backend> MultiHeadAttention<B> {
         }
         let [q, k, v] = self.project(x_new, &positions, HeadLayout::Split);
         let (keys, values) = cache.append(k, v, plan);
+
         let [keys, values] = [keys, values].map(|t| self.repeat_kv(t));
         let seen = keys.dims()[2];
         // The cache keeps only the last `seen` positions: the padding of those.
-        let key_padding = key_padding.map(|mask| mask.narrow(1, past + new - seen, seen));
+        let key_padding = match key_padding {
+            Some(mask) if seen < past + new => Some(mask.narrow(1, past + new - seen, seen)),
+            mask => mask,
+        };
         let context = match route {
             Route::Explicit => {
                 let mask = attend::mask_for(&q, seen - new, key_padding, self.sliding_window);
