@@ -4,6 +4,8 @@
 //! region.
 #![warn(missing_docs)]
 
+pub mod process;
+
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};

@@ -6,11 +6,11 @@
 //!     --shape 1x1024x768x12 --shape 4x512x768x12 --repeats 10 --threads 2
 //! ```
 
-use std::os::unix::process::CommandExt;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::Duration;
 
-use attention_backends::{BackendName, OnBackend, dispatch};
+use attention_backends::{BackendName, OnBackend};
+use attention_bench::process::{median, run_on};
 use attention_bench::{Impl, Mode, Shape, Unsupported, prepare};
 use burn::prelude::*;
 use clap::Parser;
@@ -44,11 +44,6 @@ struct Args {
     threads: Option<u16>,
 }
 
-/// The environment variables that size the thread pools our backends use: rayon's (our kernel,
-/// burn-flex, burn-ndarray's own loops) and matrixmultiply's (burn-ndarray's matmul and the
-/// kernel's block products).
-const THREAD_POOL_VARS: [&str; 2] = ["RAYON_NUM_THREADS", "MATMUL_NUM_THREADS"];
-
 /// One JSON line per shape.
 #[derive(serde::Serialize)]
 struct Record<'a> {
@@ -71,35 +66,7 @@ struct Record<'a> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(threads) = args.threads {
-        let wanted = threads.to_string();
-        if THREAD_POOL_VARS
-            .iter()
-            .any(|var| std::env::var(var).ok().as_deref() != Some(&wanted))
-        {
-            // Each pool reads its variable once, when it starts; setting them in this process
-            // would race with those reads (and is `unsafe` in Rust 2024), so run again with them.
-            let mut again = Command::new(std::env::current_exe().expect("own path"));
-            again.args(std::env::args_os().skip(1));
-            for var in THREAD_POOL_VARS {
-                again.env(var, &wanted);
-            }
-            eprintln!(
-                "error: could not run again with {threads} threads: {}",
-                again.exec()
-            );
-            return ExitCode::from(2);
-        }
-    }
-    let outcome = dispatch(args.backend, Runner(&args))
-        .unwrap_or_else(|no_adapter| Err(Unsupported(no_adapter.to_string())));
-    match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::from(2)
-        }
-    }
+    run_on(args.threads, args.backend, Runner(&args))
 }
 
 /// The runner on the backend `--backend` names.
@@ -137,12 +104,7 @@ fn run<B: Backend>(backend: &str, device: &B::Device, args: &Args) -> Result<(),
             .iter()
             .map(Duration::as_secs_f64)
             .collect();
-        times.sort_by(f64::total_cmp);
-        let median = if times.len() % 2 == 1 {
-            times[times.len() / 2]
-        } else {
-            (times[times.len() / 2 - 1] + times[times.len() / 2]) / 2.0
-        };
+        let median = median(&mut times);
         let gflops = args.mode.flops(shape) / median / 1e9;
         let record = Record {
             backend,
