@@ -158,6 +158,14 @@ impl ModelConfig {
         Ok(config)
     }
 
+    /// The architecture's name in messages.
+    pub fn architecture(&self) -> &'static str {
+        match self {
+            Self::Gpt2(_) => "GPT-2",
+            Self::Llama(_) => "Llama-family",
+        }
+    }
+
     /// The vocabulary size.
     pub fn vocab_size(&self) -> usize {
         match self {

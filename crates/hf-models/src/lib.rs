@@ -19,13 +19,16 @@
 //!   computation and is not implemented is an error naming the field.
 //! - `checkpoint.rs`: the directory's files (`model.safetensors`, or shards), tensors taken by
 //!   name, extra ones refused.
-//! - `gpt2.rs`, `llama.rs`: the two architectures.
-//! - `model.rs`: [`CausalLm`], the forward pass with and without KV caches.
+//! - `decoder.rs`: the network both architectures are, a [`Decoder`] of pre-norm blocks, with and
+//!   without KV caches.
+//! - `gpt2.rs`, `llama.rs`: which parts each architecture takes, and its tensors' names.
+//! - `model.rs`: [`CausalLm`], a loaded checkpoint and the checks of a forward pass's input.
 //! - `generate.rs`, `sampling.rs`: batched generation from left-padded [`Prompts`].
 #![warn(missing_docs)]
 
 mod checkpoint;
 mod config;
+mod decoder;
 mod generate;
 mod gpt2;
 mod llama;
@@ -36,8 +39,7 @@ pub use checkpoint::{LoadError, read_config, read_special_tokens, read_weights};
 pub use config::{
     ConfigError, Gelu, Gpt2Config, LlamaConfig, LlamaFamily, ModelConfig, SpecialTokens,
 };
+pub use decoder::{Decoder, DecoderBlock, GeluMlp, Mlp, Norm, SwiGlu};
 pub use generate::{GenerateConfig, GenerateError, Generation, Prompts};
-pub use gpt2::{Gpt2, Gpt2Block};
-pub use llama::{Llama, LlamaBlock};
-pub use model::{CausalLm, LmInput, ModelError, Network};
+pub use model::{CausalLm, LmInput, ModelError};
 pub use sampling::Sampling;

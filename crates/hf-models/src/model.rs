@@ -1,19 +1,17 @@
-//! [`CausalLm`]: a checkpoint directory loaded into one of the architectures, and what every
-//! architecture shares (the input of a forward pass, attention through an optional cache, the LM
-//! head).
+//! [`CausalLm`]: a checkpoint directory loaded into a [`Decoder`], with the checks a forward pass
+//! makes of its input.
 
 use std::path::Path;
 
-use attention_core::{AttentionError, AttentionInput, KvCache, MultiHeadAttention};
-use burn::nn::{Embedding, Linear};
+use attention_core::{AttentionError, KvCache};
 use burn::prelude::*;
 use burn::tensor::Bool;
 use thiserror::Error;
 
 use crate::checkpoint::{Checkpoint, LoadError, read_config, read_special_tokens, read_weights};
 use crate::config::{ModelConfig, SpecialTokens};
-use crate::gpt2::Gpt2;
-use crate::llama::Llama;
+use crate::decoder::{Decoder, Logits};
+use crate::{gpt2, llama};
 
 /// Why a forward pass could not run.
 #[derive(Debug, Error)]
@@ -57,21 +55,12 @@ pub struct LmInput<B: Backend> {
     pub key_padding: Option<Tensor<B, 2, Bool>>,
 }
 
-/// The networks [`CausalLm`] can hold.
-#[derive(Debug)]
-pub enum Network<B: Backend> {
-    /// `GPT2LMHeadModel`.
-    Gpt2(Box<Gpt2<B>>),
-    /// `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`.
-    Llama(Box<Llama<B>>),
-}
-
 /// A causal language model loaded from a Hugging Face checkpoint directory.
 #[derive(Debug)]
 pub struct CausalLm<B: Backend> {
     config: ModelConfig,
     special_tokens: SpecialTokens,
-    network: Network<B>,
+    decoder: Decoder<B>,
 }
 
 impl<B: Backend> CausalLm<B> {
@@ -103,24 +92,16 @@ impl<B: Backend> CausalLm<B> {
         weights: attention_core::weights::StateDict,
         device: &B::Device,
     ) -> Result<Self, LoadError> {
-        let network = match &config {
-            ModelConfig::Gpt2(gpt2) => {
-                let mut checkpoint = Checkpoint::new(weights, "GPT-2");
-                let network = Gpt2::load(gpt2, &mut checkpoint, device)?;
-                checkpoint.finish()?;
-                Network::Gpt2(Box::new(network))
-            }
-            ModelConfig::Llama(llama) => {
-                let mut checkpoint = Checkpoint::new(weights, "Llama-family");
-                let network = Llama::load(llama, &mut checkpoint, device)?;
-                checkpoint.finish()?;
-                Network::Llama(Box::new(network))
-            }
+        let mut checkpoint = Checkpoint::new(weights, config.architecture());
+        let decoder = match &config {
+            ModelConfig::Gpt2(gpt2) => gpt2::load(gpt2, &mut checkpoint, device)?,
+            ModelConfig::Llama(llama) => llama::load(llama, &mut checkpoint, device)?,
         };
+        checkpoint.finish()?;
         Ok(Self {
             config,
             special_tokens: SpecialTokens::default(),
-            network,
+            decoder,
         })
     }
 
@@ -130,22 +111,17 @@ impl<B: Backend> CausalLm<B> {
     }
 
     /// The network, to reach its layers.
-    pub fn network(&self) -> &Network<B> {
-        &self.network
+    pub fn decoder(&self) -> &Decoder<B> {
+        &self.decoder
     }
 
-    /// One empty KV cache per layer, for [`forward_cached`](Self::forward_cached).
+    /// One empty KV cache per block, for [`forward_cached`](Self::forward_cached).
     pub fn new_caches(&self) -> Vec<KvCache<B>> {
-        self.attention_layers()
-            .map(MultiHeadAttention::new_cache)
+        self.decoder
+            .blocks
+            .iter()
+            .map(|block| block.attention.new_cache())
             .collect()
-    }
-
-    fn attention_layers(&self) -> Box<dyn Iterator<Item = &MultiHeadAttention<B>> + '_> {
-        match &self.network {
-            Network::Gpt2(model) => Box::new(model.blocks.iter().map(|b| &b.attention)),
-            Network::Llama(model) => Box::new(model.blocks.iter().map(|b| &b.attention)),
-        }
     }
 
     /// The logits of every token of a whole sequence.
@@ -155,7 +131,7 @@ impl<B: Backend> CausalLm<B> {
     /// - output: `[batch, seq, vocab]`
     pub fn forward(&self, input: &LmInput<B>) -> Result<Tensor<B, 3>, ModelError> {
         self.check(input)?;
-        self.run(input, None)
+        self.run(input, None, Logits::All)
     }
 
     /// The logits of tokens that follow those in `caches` (one per layer, from
@@ -170,14 +146,14 @@ impl<B: Backend> CausalLm<B> {
         caches: &mut [KvCache<B>],
     ) -> Result<Tensor<B, 3>, ModelError> {
         self.check(input)?;
-        let layers = self.attention_layers().count();
+        let layers = self.decoder.blocks.len();
         if caches.len() != layers {
             return Err(ModelError::Shape(format!(
                 "{} caches for {layers} layers",
                 caches.len()
             )));
         }
-        self.run(input, Some(caches))
+        self.run(input, Some(caches), Logits::All)
     }
 
     /// The forward pass of input already checked (generation checks its tokens on the host,
@@ -186,11 +162,9 @@ impl<B: Backend> CausalLm<B> {
         &self,
         input: &LmInput<B>,
         caches: Option<&mut [KvCache<B>]>,
+        logits: Logits,
     ) -> Result<Tensor<B, 3>, ModelError> {
-        match &self.network {
-            Network::Gpt2(model) => model.forward(input, caches),
-            Network::Llama(model) => model.forward(input, caches),
-        }
+        self.decoder.forward(input, caches, logits)
     }
 
     /// Token ids within the vocabulary, positions within the model's range, matching shapes:
@@ -228,45 +202,5 @@ impl<B: Backend> CausalLm<B> {
             });
         }
         Ok(())
-    }
-}
-
-/// A block's attention over `x`, through `cache` when there is one.
-pub(crate) fn attend<B: Backend>(
-    attention: &MultiHeadAttention<B>,
-    x: Tensor<B, 3>,
-    input: &LmInput<B>,
-    cache: Option<&mut KvCache<B>>,
-) -> Result<Tensor<B, 3>, AttentionError> {
-    let mut attention_input = AttentionInput::new(x).positions(input.positions.clone());
-    if let Some(padding) = &input.key_padding {
-        attention_input = attention_input.key_padding(padding.clone());
-    }
-    match cache {
-        Some(cache) => attention.forward_cached_with(attention_input, cache),
-        None => attention.forward_with(attention_input),
-    }
-}
-
-/// The LM head: `head`, or the token embedding's transpose when tied (`h · Eᵀ`).
-///
-/// # Shapes
-/// - `x`: `[batch, seq, width]`
-/// - output: `[batch, seq, vocab]`
-pub(crate) fn lm_head<B: Backend>(
-    x: Tensor<B, 3>,
-    head: Option<&Linear<B>>,
-    embedding: &Embedding<B>,
-) -> Tensor<B, 3> {
-    match head {
-        Some(head) => head.forward(x),
-        None => {
-            let [batch, seq, width] = x.dims();
-            let weight = embedding.weight.val(); // [vocab, width]
-            let vocab = weight.dims()[0];
-            x.reshape([batch * seq, width])
-                .matmul(weight.transpose())
-                .reshape([batch, seq, vocab])
-        }
     }
 }

@@ -58,6 +58,7 @@ fn generate<B: Backend>(
     let new = expected.raw("generated").shape[1] - expected.prompts().dims()[1];
     let config = GenerateConfig {
         use_cache,
+        prompt_logits: true,
         ..GenerateConfig::greedy(&lm, new)
     };
     let generation = lm.generate(&expected.prompts(), &config, device).unwrap();
@@ -104,7 +105,7 @@ fn check_against_transformers<B: Backend>(model: &str, generation: Generation<B>
     let (mask, _) = expected.ints("attention_mask");
     let (want, shape) = expected.floats("logits_with_position_ids");
     let [batch, len, vocab] = [shape[0], shape[1], shape[2]];
-    let got = host(generation.prompt_logits);
+    let got = host(generation.prompt_logits.expect("asked for"));
     let prompt_worst = assert_logits_close(
         &format!("{model} prompt logits"),
         &got,
@@ -228,14 +229,28 @@ mod padded_batch_flex {
     }
 }
 
-/// Known failure: on Burn 0.21's wgpu backend the KV-cached steps of a left-padded batch give
-/// wrong logits for the padded row from the second new token on (the prompt and the first token
-/// match transformers; unpadded rows and uncached generation do too). Run with `--ignored`.
+/// Known failure of Burn 0.21's fusion: on `Wgpu` (fused) the KV-cached steps of a batch with a
+/// padding mask give wrong logits for every row from the first cached step on, though the prompt
+/// matches, an unpadded batch of two rows matches, uncached generation matches, and the same code
+/// on the unfused wgpu backend matches (below). Run with `--ignored`.
 #[test]
-#[ignore = "Burn 0.21 wgpu: cached steps of a left-padded batch are wrong for the padded row"]
+#[ignore = "Burn 0.21 fusion on wgpu: cached steps of a padded batch are wrong"]
 fn wgpu_left_padded_batch_matches_transformers() {
     if let Some(device) = attention_backends::wgpu_device_for_test("wgpu_left_padded_batch") {
         models_match_transformers::<attention_backends::Wgpu>(&device);
+    }
+}
+
+/// The padded batch on wgpu without Burn's fusion: it matches transformers, which puts the
+/// failure above in fusion rather than in this crate's ops. Ignored to keep CI's build small.
+#[test]
+#[ignore = "compiles a fourth backend; run with --ignored"]
+fn wgpu_unfused_left_padded_batch_matches_transformers() {
+    type WgpuUnfused =
+        burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
+    if let Some(device) = attention_backends::wgpu_device_for_test("wgpu_unfused_left_padded_batch")
+    {
+        models_match_transformers::<WgpuUnfused>(&device);
     }
 }
 

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use burn::prelude::*;
-use hf_models::{CausalLm, Prompts};
+use hf_models::{CausalLm, GenerateConfig, Prompts};
 use tensor_files::{Dtype, OutputFile, RawTensor, Tensors};
 
 use crate::{Cli, CliError};
@@ -26,9 +26,13 @@ pub fn run<B: Backend>(
     let output = OutputFile::new(output, &inputs)?;
     let prompts = read_prompts(input)?;
     let model = CausalLm::<B>::load(&cli.model, device)?;
-    let generation = model.generate(&prompts, &cli.generate_config(&model), device)?;
+    let config = GenerateConfig {
+        prompt_logits: true,
+        ..cli.generate_config(&model)
+    };
+    let generation = model.generate(&prompts, &config, device)?;
     let [batch, len] = prompts.dims();
-    let logits = generation.prompt_logits.into_data();
+    let logits = generation.prompt_logits.expect("asked for").into_data();
     let logits = RawTensor::from_f32(
         logits.shape.to_vec(),
         &logits
