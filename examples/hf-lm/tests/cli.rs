@@ -92,53 +92,23 @@ fn bad_input_is_one_error_line_and_no_output() {
     .unwrap();
     let before = std::fs::read(&input).unwrap();
     let out = dir.path().join("out.safetensors");
-    let cases: [(Vec<&str>, &str); 4] = [
-        (
-            vec![
-                "--model",
-                path(&model),
-                "--input",
-                path(&input),
-                "--output",
-                path(&input),
-            ],
+    // `--model M --input I --output O`, and what the one error line must name.
+    fn run<'a>(model: &'a Path, input: &'a Path, output: &'a Path) -> Vec<&'a str> {
+        vec![
+            "--model",
+            path(model),
+            "--input",
+            path(input),
             "--output",
-        ),
-        (
-            vec![
-                "--model",
-                path(dir.path()),
-                "--input",
-                path(&input),
-                "--output",
-                path(&out),
-            ],
-            "config.json",
-        ),
-        (
-            vec![
-                "--model",
-                path(&model),
-                "--input",
-                path(&ids_only),
-                "--output",
-                path(&out),
-            ],
-            "input_ids",
-        ),
-        (
-            vec![
-                "--model",
-                path(&model),
-                "--input",
-                path(&input),
-                "--output",
-                path(&out),
-                "--new-tokens",
-                "62",
-            ],
-            "exceed the model's 64 positions",
-        ),
+            path(output),
+        ]
+    }
+    let too_many_tokens = [run(&model, &input, &out), vec!["--new-tokens", "62"]].concat();
+    let cases = [
+        (run(&model, &input, &input), "--output"),
+        (run(dir.path(), &input, &out), "config.json"),
+        (run(&model, &ids_only, &out), "input_ids"),
+        (too_many_tokens, "exceed the model's 64 positions"),
     ];
     for (args, expected) in cases {
         let output = hf_lm(&args);
