@@ -148,13 +148,53 @@ impl Dims {
         ArrayView2::from_shape(shape, &data[start..]).expect("the buffer holds the tensor")
     }
 
-    /// The `[keys, head_dim]` view of the key/value head that query head `head` reads.
-    fn kv_head<'a, E>(&self, data: &'a [E], batch: usize, head: usize) -> ArrayView2<'a, E> {
-        self.view(
-            data,
-            [batch, self.keys],
-            [self.kv_heads, head / self.group()],
-        )
+    /// `1 / √head_dim`, the scores' scale.
+    fn scale<E: KernelFloat>(&self) -> E {
+        E::from(self.head_dim)
+            .expect("a small integer")
+            .sqrt()
+            .recip()
+    }
+
+    /// Copies the query heads that read key/value head `kv_head` (its group), at query
+    /// positions `positions` of sequence `batch`, out of a `[batch, queries, heads, head_dim]`
+    /// tensor into `stacked`, position-major: row `t · group + m` is the group's `m`-th head at
+    /// position `positions.start + t`. At one position a group's heads are adjacent, so each
+    /// position is one contiguous copy.
+    ///
+    /// # Shapes
+    /// - `stacked`: `[positions.len() · group, head_dim]`, row-major
+    fn gather_group<E: Copy>(
+        &self,
+        data: &[E],
+        batch: usize,
+        kv_head: usize,
+        positions: std::ops::Range<usize>,
+        stacked: &mut [E],
+    ) {
+        let span = self.group() * self.head_dim;
+        for (position, rows) in positions.zip(stacked.chunks_mut(span)) {
+            let start = (batch * self.queries + position) * self.width() + kv_head * span;
+            rows.copy_from_slice(&data[start..start + span]);
+        }
+    }
+
+    /// The inverse of [`Dims::gather_group`] for a stretch of positions: writes stacked rows
+    /// back into `data`, a `[positions, heads, head_dim]` stretch, from element `offset` of each
+    /// position on (`first head of the group · head_dim`).
+    fn scatter_group<E: Copy>(&self, stacked: &[E], offset: usize, data: &mut [E]) {
+        let span = self.group() * self.head_dim;
+        for (rows, position) in stacked.chunks(span).zip(data.chunks_mut(self.width())) {
+            position[offset..offset + span].copy_from_slice(rows);
+        }
+    }
+
+    /// Query positions per block product: a group's heads are stacked, so a product takes
+    /// `QUERY_BLOCK / group` positions (at least one), which keeps every product of the kernel
+    /// as small as a `QUERY_BLOCK × KEY_BLOCK` one. Larger products would cross matrixmultiply's
+    /// threshold for starting threads of its own inside the kernel's tasks.
+    fn positions_per_product(&self) -> usize {
+        (QUERY_BLOCK / self.group()).max(1)
     }
 }
 
@@ -232,32 +272,33 @@ impl<E: KernelFloat> Inputs<'_, E> {
         }
     }
 
-    /// `scale · q kᵀ` for query rows `rows` and key columns `cols` of one head, with masked
-    /// entries (above the diagonal, before the window, or padding) set to `-inf`.
+    /// `scale · q kᵀ` for a block of stacked query rows and key columns `cols` of one
+    /// key/value head, with masked entries (above the diagonal, before the window, or padding)
+    /// set to `-inf`.
+    ///
+    /// The query rows are a group's heads stacked position-major (see [`Dims::gather_group`]):
+    /// row `r` is query position `first_row + r / group`.
     ///
     /// # Shapes
-    /// - `query`: `[rows.len(), head_dim]`, `key`: `[keys, head_dim]`
-    /// - `scores`: `[rows.len(), cols.len()]`, overwritten
+    /// - `query`: `[positions · group, head_dim]`, `key`: `[keys, head_dim]`
+    /// - `scores`: `[positions · group, cols.len()]`, overwritten
     fn masked_scores(
         &self,
         batch: usize,
         query: &ArrayView2<E>,
         key: &ArrayView2<E>,
-        rows: std::ops::Range<usize>,
+        first_row: usize,
         cols: std::ops::Range<usize>,
         scores: &mut ArrayViewMut2<E>,
     ) {
         let dims = self.dims;
-        let scale = E::from(dims.head_dim)
-            .expect("a small integer")
-            .sqrt()
-            .recip();
         let key_block = key.slice_axis(Axis(0), Slice::from(cols.clone()));
-        general_mat_mul(scale, query, &key_block.t(), E::zero(), scores);
+        general_mat_mul(dims.scale(), query, &key_block.t(), E::zero(), scores);
         let padding = self
             .key_padding
             .map(|padding| &padding[batch * dims.keys + cols.start..batch * dims.keys + cols.end]);
-        for (row, mut scores) in rows.zip(scores.rows_mut()) {
+        for (r, mut scores) in scores.rows_mut().into_iter().enumerate() {
+            let row = first_row + r / dims.group();
             // Keys from `first_hidden` on lie above the diagonal for this query.
             let first_hidden = dims.visible_keys(row + 1).saturating_sub(cols.start);
             let row_scores = scores.as_slice_mut().expect("scores are row-major");
@@ -315,7 +356,9 @@ pub fn forward<E: KernelFloat>(inputs: Inputs<E>) -> Forward<E> {
     }
 }
 
-/// One block of queries of one sequence, every head.
+/// One block of queries of one sequence, every head. The query heads of a group are stacked
+/// into one matrix, so that each block of their shared keys and values enters one product for
+/// the whole group.
 ///
 /// # Shapes
 /// - `output`: `[block, heads, head_dim]`, zeros; `log_sum_exp`: `[block, heads]`
@@ -327,58 +370,79 @@ fn forward_block<E: KernelFloat>(
     log_sum_exp: &mut [E],
 ) {
     let dims = inputs.dims;
+    let (group, head_dim) = (dims.group(), dims.head_dim);
     let block = log_sum_exp.len() / dims.heads;
     let rows = first_query..first_query + block;
-    let visible = dims.first_visible_key(rows.start)..dims.visible_keys(rows.end);
-    let mut scores_buffer = vec![E::zero(); block * KEY_BLOCK.min(visible.len())];
-    let mut row_max = vec![E::neg_infinity(); block];
-    let mut row_sum = vec![E::zero(); block];
-    for head in 0..dims.heads {
-        let query_all = dims.view(inputs.query, [batch, dims.queries], [dims.heads, head]);
-        let query = query_all.slice_axis(Axis(0), Slice::from(rows.clone()));
-        let key = dims.kv_head(inputs.key, batch, head);
-        let value = dims.kv_head(inputs.value, batch, head);
-        let out_shape = (block, dims.head_dim).strides((dims.width(), 1));
-        let mut out = ArrayViewMut2::from_shape(out_shape, &mut output[head * dims.head_dim..])
-            .expect("the output chunk holds the block");
-        row_max.fill(E::neg_infinity());
-        row_sum.fill(E::zero());
-        for start in visible.clone().step_by(KEY_BLOCK) {
-            let cols = start..(start + KEY_BLOCK).min(visible.end);
-            let mut scores = block_matrix(&mut scores_buffer, rows.len(), cols.len());
-            inputs.masked_scores(batch, &query, &key, rows.clone(), cols.clone(), &mut scores);
-            for (r, mut row) in scores.rows_mut().into_iter().enumerate() {
-                let row = row.as_slice_mut().expect("scores are row-major");
-                let block_max = row.iter().copied().fold(E::neg_infinity(), E::max);
-                if block_max == E::neg_infinity() {
-                    row.fill(E::zero()); // every key of this block is masked for this query
-                    continue;
+    let positions = dims.positions_per_product().min(block);
+    let most_rows = positions * group;
+    let mut scores_buffer = vec![E::zero(); most_rows * KEY_BLOCK];
+    let mut query_buffer = vec![E::zero(); most_rows * head_dim];
+    let mut out_buffer = vec![E::zero(); most_rows * head_dim];
+    let mut row_max = vec![E::neg_infinity(); most_rows];
+    let mut row_sum = vec![E::zero(); most_rows];
+    for kv_head in 0..dims.kv_heads {
+        let key = dims.view(inputs.key, [batch, dims.keys], [dims.kv_heads, kv_head]);
+        let value = dims.view(inputs.value, [batch, dims.keys], [dims.kv_heads, kv_head]);
+        let first_head = kv_head * group;
+        for first in rows.clone().step_by(positions) {
+            let part = first..(first + positions).min(rows.end);
+            let stacked = part.len() * group;
+            let query = &mut query_buffer[..stacked * head_dim];
+            dims.gather_group(inputs.query, batch, kv_head, part.clone(), query);
+            let query = ArrayView2::from_shape((stacked, head_dim), &*query)
+                .expect("the buffer holds the rows");
+            let mut out = block_matrix(&mut out_buffer, stacked, head_dim);
+            out.fill(E::zero());
+            let (row_max, row_sum) = (&mut row_max[..stacked], &mut row_sum[..stacked]);
+            row_max.fill(E::neg_infinity());
+            row_sum.fill(E::zero());
+            let visible = dims.first_visible_key(part.start)..dims.visible_keys(part.end);
+            for start in visible.clone().step_by(KEY_BLOCK) {
+                let cols = start..(start + KEY_BLOCK).min(visible.end);
+                let mut scores = block_matrix(&mut scores_buffer, stacked, cols.len());
+                inputs.masked_scores(batch, &query, &key, part.start, cols.clone(), &mut scores);
+                for (r, mut row) in scores.rows_mut().into_iter().enumerate() {
+                    let row = row.as_slice_mut().expect("scores are row-major");
+                    let block_max = row.iter().copied().fold(E::neg_infinity(), E::max);
+                    if block_max == E::neg_infinity() {
+                        row.fill(E::zero()); // every key of this block is masked for this query
+                        continue;
+                    }
+                    let new_max = row_max[r].max(block_max);
+                    row.iter_mut().for_each(|x| *x = *x - new_max);
+                    E::exp_in_place(row);
+                    let correction = (row_max[r] - new_max).exp(); // 0 when row_max was -inf
+                    row_sum[r] =
+                        row_sum[r] * correction + row.iter().copied().fold(E::zero(), |a, b| a + b);
+                    row_max[r] = new_max;
+                    if correction != E::one() {
+                        out.row_mut(r).mapv_inplace(|o| o * correction);
+                    }
                 }
-                let new_max = row_max[r].max(block_max);
-                row.iter_mut().for_each(|x| *x = *x - new_max);
-                E::exp_in_place(row);
-                let correction = (row_max[r] - new_max).exp(); // 0 when row_max was -inf
-                row_sum[r] =
-                    row_sum[r] * correction + row.iter().copied().fold(E::zero(), |a, b| a + b);
-                row_max[r] = new_max;
-                if correction != E::one() {
-                    out.row_mut(r).mapv_inplace(|o| o * correction);
+                general_mat_mul(
+                    E::one(),
+                    &scores,
+                    &value.slice_axis(Axis(0), Slice::from(cols)),
+                    E::one(),
+                    &mut out,
+                );
+            }
+            // Stacked row `r` is head `first_head + r % group` at position `r / group` of the
+            // part: index `r` of the group's stretch of the part's `[positions, heads]`.
+            let local = part.start - first_query;
+            for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
+                if row_sum[r] > E::zero() {
+                    let inverse = row_sum[r].recip();
+                    out_row.mapv_inplace(|o| o * inverse);
+                    let (position, member) = (local + r / group, r % group);
+                    log_sum_exp[position * dims.heads + first_head + member] =
+                        row_max[r] + row_sum[r].ln();
                 }
             }
-            general_mat_mul(
-                E::one(),
-                &scores,
-                &value.slice_axis(Axis(0), Slice::from(cols)),
-                E::one(),
-                &mut out,
-            );
-        }
-        for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
-            if row_sum[r] > E::zero() {
-                let inverse = row_sum[r].recip();
-                out_row.mapv_inplace(|o| o * inverse);
-                log_sum_exp[r * dims.heads + head] = row_max[r] + row_sum[r].ln();
-            }
+            let out = out.as_slice().expect("the rows are row-major");
+            let part_output =
+                &mut output[local * dims.width()..(part.end - first_query) * dims.width()];
+            dims.scatter_group(out, first_head * head_dim, part_output);
         }
     }
 }
@@ -394,6 +458,34 @@ pub fn backward<E: KernelFloat>(
     forward: &Forward<E>,
     output_grad: &[E],
 ) -> Gradients<E> {
+    let splits = key_splits(&inputs.dims, rayon::current_num_threads());
+    backward_in_splits(inputs, forward, output_grad, splits)
+}
+
+/// How many tasks share the keys of one (sequence, key/value head) pair in the backward pass:
+/// one while the pairs alone give every thread work, else enough for about two tasks per
+/// thread (FlashAttention-2's split over key blocks). The split count is a function of the
+/// shape and the thread count only, so results are reproducible for a given pool.
+fn key_splits(dims: &Dims, threads: usize) -> usize {
+    let pairs = dims.batch * dims.kv_heads;
+    let key_blocks = dims.keys.div_ceil(KEY_BLOCK).max(1);
+    if pairs >= threads {
+        1
+    } else {
+        (2 * threads).div_ceil(pairs).min(key_blocks)
+    }
+}
+
+/// [`backward`] with the keys of each (sequence, key/value head) pair dealt to `splits` tasks:
+/// task `s` takes key blocks `s, s + splits, …` (interleaved, since under the causal mask later
+/// keys are seen by fewer queries). Each task owns its key and value gradient rows and a
+/// partial query gradient of the group; the partials are summed in task order.
+fn backward_in_splits<E: KernelFloat>(
+    inputs: Inputs<E>,
+    forward: &Forward<E>,
+    output_grad: &[E],
+    splits: usize,
+) -> Gradients<E> {
     inputs.check();
     let dims = inputs.dims;
     assert_eq!(
@@ -401,29 +493,12 @@ pub fn backward<E: KernelFloat>(
         dims.query_len(),
         "output gradient for {dims:?}"
     );
-    // One task per (sequence, key/value head): it owns the query gradients of the heads of its
-    // group and the one key and value gradient they share, so that no two tasks add into the
-    // same rows. They are gathered into place afterwards.
-    let per_group: Vec<_> = (0..dims.batch * dims.kv_heads)
+    let per_task: Vec<GroupGradients<E>> = (0..dims.batch * dims.kv_heads * splits)
         .into_par_iter()
         .map(|task| {
-            let (batch, kv_head) = (task / dims.kv_heads, task % dims.kv_heads);
-            let mut key_grad = Array2::zeros((dims.keys, dims.head_dim));
-            let mut value_grad = Array2::zeros((dims.keys, dims.head_dim));
-            let query_grads: Vec<Array2<E>> = (kv_head * dims.group()
-                ..(kv_head + 1) * dims.group())
-                .map(|head| {
-                    backward_head(
-                        &inputs,
-                        forward,
-                        output_grad,
-                        [batch, head],
-                        &mut key_grad,
-                        &mut value_grad,
-                    )
-                })
-                .collect();
-            (query_grads, key_grad, value_grad)
+            let (pair, split) = (task / splits, task % splits);
+            let pair = [pair / dims.kv_heads, pair % dims.kv_heads];
+            backward_group(&inputs, forward, output_grad, pair, (split, splits))
         })
         .collect();
     let mut gradients = Gradients {
@@ -431,80 +506,135 @@ pub fn backward<E: KernelFloat>(
         key: vec![E::zero(); dims.key_len()],
         value: vec![E::zero(); dims.key_len()],
     };
-    let place = |data: &mut [E], start: usize, row_stride: usize, grad: &Array2<E>| {
-        let shape = grad.dim().strides((row_stride, 1));
-        ArrayViewMut2::from_shape(shape, &mut data[start..])
-            .expect("the buffer holds the tensor")
-            .assign(grad);
-    };
-    for (task, (query_grads, key_grad, value_grad)) in per_group.into_iter().enumerate() {
-        let (batch, kv_head) = (task / dims.kv_heads, task % dims.kv_heads);
-        for (member, query_grad) in query_grads.iter().enumerate() {
-            let head = kv_head * dims.group() + member;
-            let start = batch * dims.queries * dims.width() + head * dims.head_dim;
-            place(&mut gradients.query, start, dims.width(), query_grad);
+    for (pair, tasks) in per_task.chunks(splits).enumerate() {
+        let (batch, kv_head) = (pair / dims.kv_heads, pair % dims.kv_heads);
+        let first = &tasks[0];
+        let (mut query, mut key, mut value) =
+            (first.query.clone(), first.key.clone(), first.value.clone());
+        for task in &tasks[1..] {
+            add_in_parallel(&mut query, &task.query);
+            add_in_parallel(&mut key, &task.key);
+            add_in_parallel(&mut value, &task.value);
         }
+        let query_start = batch * dims.queries * dims.width();
+        let query_end = query_start + dims.queries * dims.width();
+        let first_head = kv_head * dims.group();
+        dims.scatter_group(
+            query.as_slice().expect("gradients are row-major"),
+            first_head * dims.head_dim,
+            &mut gradients.query[query_start..query_end],
+        );
         let start = batch * dims.keys * dims.kv_width() + kv_head * dims.head_dim;
-        place(&mut gradients.key, start, dims.kv_width(), &key_grad);
-        place(&mut gradients.value, start, dims.kv_width(), &value_grad);
+        for (data, grad) in [(&mut gradients.key, key), (&mut gradients.value, value)] {
+            let shape = grad.dim().strides((dims.kv_width(), 1));
+            ArrayViewMut2::from_shape(shape, &mut data[start..])
+                .expect("the buffer holds the tensor")
+                .assign(&grad);
+        }
     }
     gradients
 }
 
-/// The query gradient of one head of one sequence, `[queries, head_dim]`; adds that head's share
-/// of the key and value gradients (`[keys, head_dim]`) into `key_grad` and `value_grad`.
-fn backward_head<E: KernelFloat>(
+/// `total += part`, element by element, split across threads.
+fn add_in_parallel<E: KernelFloat>(total: &mut Array2<E>, part: &Array2<E>) {
+    const CHUNK: usize = 1 << 14;
+    let total = total.as_slice_mut().expect("gradients are row-major");
+    let part = part.as_slice().expect("gradients are row-major");
+    total
+        .par_chunks_mut(CHUNK)
+        .zip(part.par_chunks(CHUNK))
+        .for_each(|(total, part)| total.iter_mut().zip(part).for_each(|(t, &p)| *t = *t + p));
+}
+
+/// One backward task's share of the gradients of one (sequence, key/value head) pair.
+struct GroupGradients<E> {
+    /// The group's query heads stacked position-major: `[queries · group, head_dim]`.
+    query: Array2<E>,
+    /// `[keys, head_dim]`
+    key: Array2<E>,
+    /// `[keys, head_dim]`
+    value: Array2<E>,
+}
+
+/// The gradients from key blocks `split, split + splits, …` of key/value head `kv_head` of
+/// sequence `batch`, for the whole group of query heads that reads it, stacked so that each
+/// block product covers the group.
+fn backward_group<E: KernelFloat>(
     inputs: &Inputs<E>,
     forward: &Forward<E>,
     output_grad: &[E],
-    [batch, head]: [usize; 2],
-    key_grad: &mut Array2<E>,
-    value_grad: &mut Array2<E>,
-) -> Array2<E> {
+    [batch, kv_head]: [usize; 2],
+    (split, splits): (usize, usize),
+) -> GroupGradients<E> {
     let dims = inputs.dims;
-    let scale = E::from(dims.head_dim)
-        .expect("a small integer")
-        .sqrt()
-        .recip();
-    let query = dims.view(inputs.query, [batch, dims.queries], [dims.heads, head]);
-    let key = dims.kv_head(inputs.key, batch, head);
-    let value = dims.kv_head(inputs.value, batch, head);
-    let output = dims.view(&forward.output, [batch, dims.queries], [dims.heads, head]);
-    let output_grad = dims.view(output_grad, [batch, dims.queries], [dims.heads, head]);
+    let group = dims.group();
+    let stacked = dims.queries * group;
+    let all_queries = 0..dims.queries;
+    let gather = |data: &[E], positions| {
+        let mut stacked_rows = Array2::zeros((stacked, dims.head_dim));
+        let rows = stacked_rows
+            .as_slice_mut()
+            .expect("a new array is row-major");
+        dims.gather_group(data, batch, kv_head, positions, rows);
+        stacked_rows
+    };
+    let query = gather(inputs.query, all_queries.clone());
+    let query_output_grad = gather(output_grad, all_queries);
+    let key = dims.view(inputs.key, [batch, dims.keys], [dims.kv_heads, kv_head]);
+    let value = dims.view(inputs.value, [batch, dims.keys], [dims.kv_heads, kv_head]);
+    // Per stacked row: log Σ exp, and Σ_d dO ⊙ O, the softmax gradient's row term.
+    // `[batch, queries, heads, width]` indices of the group at `position`.
+    let group_rows = |position: usize, width: usize| {
+        let start = ((batch * dims.queries + position) * dims.heads + kv_head * group) * width;
+        start..start + group * width
+    };
     let log_sum_exp: Vec<E> = (0..dims.queries)
-        .map(|i| forward.log_sum_exp[(batch * dims.queries + i) * dims.heads + head])
+        .flat_map(|position| forward.log_sum_exp[group_rows(position, 1)].iter().copied())
         .collect();
-    // Σ_d dO ⊙ O per query: the softmax gradient's row term.
-    let row_dot: Vec<E> = output_grad
-        .rows()
-        .into_iter()
-        .zip(output.rows())
-        .map(|(g, o)| g.dot(&o))
+    let row_dot: Vec<E> = (0..dims.queries)
+        .flat_map(|position| {
+            let rows = group_rows(position, dims.head_dim);
+            let (output, output_grad) = (&forward.output[rows.clone()], &output_grad[rows]);
+            output
+                .chunks(dims.head_dim)
+                .zip(output_grad.chunks(dims.head_dim))
+                .map(|(o, g)| o.iter().zip(g).fold(E::zero(), |sum, (&o, &g)| sum + o * g))
+        })
         .collect();
 
-    let mut weights_buffer = vec![E::zero(); QUERY_BLOCK * KEY_BLOCK];
-    let mut score_grad_buffer = vec![E::zero(); QUERY_BLOCK * KEY_BLOCK];
-    let mut query_grad = Array2::zeros((dims.queries, dims.head_dim));
-    for start in (0..dims.keys).step_by(KEY_BLOCK) {
+    let positions = dims.positions_per_product();
+    let mut weights_buffer = vec![E::zero(); positions * group * KEY_BLOCK];
+    let mut score_grad_buffer = vec![E::zero(); positions * group * KEY_BLOCK];
+    let mut grads = GroupGradients {
+        query: Array2::zeros((stacked, dims.head_dim)),
+        key: Array2::zeros((dims.keys, dims.head_dim)),
+        value: Array2::zeros((dims.keys, dims.head_dim)),
+    };
+    for start in (0..dims.keys)
+        .step_by(KEY_BLOCK)
+        .skip(split)
+        .step_by(splits)
+    {
         let cols = start..(start + KEY_BLOCK).min(dims.keys);
         let key_block = key.slice_axis(Axis(0), Slice::from(cols.clone()));
         let value_block = value.slice_axis(Axis(0), Slice::from(cols.clone()));
-        let mut key_grad_block = key_grad.slice_axis_mut(Axis(0), Slice::from(cols.clone()));
         // The queries that see a key of this block: from the first that sees key `start`
         // (causal) to the last whose window reaches back into the block.
         let first_query = start.saturating_sub(dims.offset());
         let end_query = dims.queries_seeing_keys_before(cols.end);
-        for row_start in (first_query..end_query).step_by(QUERY_BLOCK) {
-            let rows = row_start..(row_start + QUERY_BLOCK).min(end_query);
+        for row_start in (first_query..end_query).step_by(positions) {
+            let row_end = (row_start + positions).min(end_query);
+            let rows = row_start * group..row_end * group;
             let query_block = query.slice_axis(Axis(0), Slice::from(rows.clone()));
-            let output_grad_block = output_grad.slice_axis(Axis(0), Slice::from(rows.clone()));
+            let output_grad_block =
+                query_output_grad.slice_axis(Axis(0), Slice::from(rows.clone()));
             // The weights, rebuilt: exp(scores − log Σ exp), 0 where masked.
             let mut weights = block_matrix(&mut weights_buffer, rows.len(), cols.len());
             inputs.masked_scores(
                 batch,
                 &query_block,
                 &key,
-                rows.clone(),
+                row_start,
                 cols.clone(),
                 &mut weights,
             );
@@ -521,8 +651,9 @@ fn backward_head<E: KernelFloat>(
                     E::exp_in_place(row);
                 }
             }
-            let mut value_grad_block =
-                value_grad.slice_axis_mut(Axis(0), Slice::from(cols.clone()));
+            let mut value_grad_block = grads
+                .value
+                .slice_axis_mut(Axis(0), Slice::from(cols.clone()));
             general_mat_mul(
                 E::one(),
                 &weights.t(),
@@ -547,16 +678,17 @@ fn backward_head<E: KernelFloat>(
             {
                 grad_row.zip_mut_with(&weight_row, |g, &w| *g = w * (*g - dot));
             }
-            let mut query_grad_block = query_grad.slice_axis_mut(Axis(0), Slice::from(rows));
+            let mut query_grad_block = grads.query.slice_axis_mut(Axis(0), Slice::from(rows));
             general_mat_mul(
-                scale,
+                dims.scale(),
                 &score_grad,
                 &key_block,
                 E::one(),
                 &mut query_grad_block,
             );
+            let mut key_grad_block = grads.key.slice_axis_mut(Axis(0), Slice::from(cols.clone()));
             general_mat_mul(
-                scale,
+                dims.scale(),
                 &score_grad.t(),
                 &query_block,
                 E::one(),
@@ -564,7 +696,7 @@ fn backward_head<E: KernelFloat>(
             );
         }
     }
-    query_grad
+    grads
 }
 
 /// A row-major `[rows, cols]` matrix over the front of a scratch buffer.
@@ -734,17 +866,20 @@ mod tests {
             error < output_tolerance,
             "{precision} output off by {error}, {dims:?}"
         );
-        let grads = super::backward(inputs, &forward, &output_grad);
-        for (name, found, expected) in [
-            ("query", &grads.query, &expected_grads.query),
-            ("key", &grads.key, &expected_grads.key),
-            ("value", &grads.value, &expected_grads.value),
-        ] {
-            let error = max_error(&widen(found), expected);
-            assert!(
-                error < grad_tolerance,
-                "{precision} {name} gradient off by {error}, {dims:?}"
-            );
+        // One task per (sequence, key/value head), and the keys of each dealt to three.
+        for splits in [1, 3] {
+            let grads = backward_in_splits(inputs, &forward, &output_grad, splits);
+            for (name, found, expected) in [
+                ("query", &grads.query, &expected_grads.query),
+                ("key", &grads.key, &expected_grads.key),
+                ("value", &grads.value, &expected_grads.value),
+            ] {
+                let error = max_error(&widen(found), expected);
+                assert!(
+                    error < grad_tolerance,
+                    "{precision} {name} gradient off by {error}, {splits} splits, {dims:?}"
+                );
+            }
         }
     }
 
@@ -794,7 +929,7 @@ mod tests {
     #[test]
     fn matches_the_formula_with_grouped_heads_and_windows() {
         // (kv heads, window, batch, heads, queries, keys, head_dim): multi-query and groups of
-        // 2 and 2, across blocks; windows inside one block, of 1, across block edges, wider
+        // 2, across blocks; windows inside one block, of 1, across block edges, wider
         // than the sequence, with cached keys and grouped heads.
         let cases = [
             (1, None, 2, 4, 7, 7, 4),
@@ -805,6 +940,9 @@ mod tests {
             (2, Some(70), 2, 2, 300, 300, 4),
             (1, Some(200), 1, 1, 150, 150, 2),
             (1, Some(130), 1, 2, 20, 333, 4),
+            // Groups of 3 stack 21 positions per product (63 rows): parts end off the blocks.
+            (2, None, 2, 6, 150, 150, 4),
+            (2, Some(50), 1, 6, 100, 230, 4),
         ];
         for (kv_heads, window, batch, heads, queries, keys, head_dim) in cases {
             let base = dims(batch, heads, queries, keys, head_dim);
@@ -827,6 +965,24 @@ mod tests {
             },
             Some(padding),
         );
+    }
+
+    #[test]
+    fn keys_are_split_only_when_the_pairs_leave_threads_idle() {
+        let base = dims(1, 12, 4096, 4096, 64);
+        assert_eq!(key_splits(&base, 2), 1); // 12 pairs for 2 threads
+        assert_eq!(key_splits(&base, 16), 3); // 12 pairs, 36 tasks
+        let grouped = Dims {
+            kv_heads: 3,
+            ..base
+        };
+        assert_eq!(key_splits(&grouped, 16), 11); // 3 pairs, 33 tasks
+        let short = Dims {
+            keys: 200,
+            queries: 200,
+            ..grouped
+        };
+        assert_eq!(key_splits(&short, 16), 2); // no more tasks than key blocks
     }
 
     #[test]
