@@ -134,13 +134,14 @@ fn read_positions<B: Backend>(
     let Some(data) = dict.data("position_ids") else {
         return Ok(None);
     };
-    if data.shape.as_slice() != [batch, seq] || data.dtype.is_float() {
+    let integers = data.dtype.is_int() || data.dtype.is_uint();
+    if data.shape.as_slice() != [batch, seq] || !integers {
         return Err(DemoError(format!(
             "{}: `position_ids` must be integers of shape [batch, seq] = [{batch}, {seq}], got \
              {:?} {:?}",
             input.display(),
             data.dtype,
-            data.shape
+            data.shape.as_slice()
         )));
     }
     Ok(Some(Tensor::from_data(data.clone(), device)))

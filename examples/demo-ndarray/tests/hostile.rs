@@ -523,6 +523,64 @@ fn inputs_that_would_panic_or_exhaust_memory_are_one_line_errors() {
 }
 
 #[test]
+fn position_ids_of_the_wrong_shape_or_type_are_refused() {
+    let dir = scratch("positions");
+    let name = "llama_s0_b2_t7_d32_h4_kv2.safetensors";
+    let layer = dir.join(name);
+    std::fs::copy(fixture(&format!("hf/{name}")), &layer).unwrap();
+    let out = dir.join("out.safetensors");
+    let int64 = |shape: Vec<usize>| {
+        let n: usize = shape.iter().product();
+        let bytes = (0..n as i64).flat_map(i64::to_le_bytes).collect();
+        RawTensor::new(Dtype::I64, shape, bytes).unwrap()
+    };
+    let cases = [
+        ("short", int64(vec![2, 6]), "got I64 [2, 6]"),
+        ("flat", int64(vec![14]), "got I64 [14]"),
+        (
+            "float",
+            RawTensor::from_f32(vec![2, 7], &[1.0; 14]),
+            "got F32 [2, 7]",
+        ),
+        (
+            "bool",
+            RawTensor::new(Dtype::Bool, vec![2, 7], vec![1; 14]).unwrap(),
+            "got Bool",
+        ),
+    ];
+    for (label, positions, needle) in cases {
+        let mut tensors = tensor_files::read(&layer).unwrap();
+        tensors.insert("position_ids".into(), positions);
+        let input = dir.join(format!("{label}.safetensors"));
+        std::fs::write(
+            &input,
+            tensor_files::safetensors::serialize(&tensors).unwrap(),
+        )
+        .unwrap();
+        for path in ["explicit", "fused", "cached"] {
+            let args = [
+                "apply",
+                "--weights",
+                s(&layer),
+                "--input",
+                s(&input),
+                "--num-heads",
+                "4",
+                "--rope-theta",
+                "10000",
+                "--path",
+                path,
+                "--output",
+                s(&out),
+            ];
+            let needle =
+                format!("`position_ids` must be integers of shape [batch, seq] = [2, 7], {needle}");
+            refused(&args, &needle, &[layer.as_path(), input.as_path()], &out);
+        }
+    }
+}
+
+#[test]
 fn a_huge_context_length_runs_the_cache_on_demand() {
     let dir = scratch("huge-context");
     let weights = copy(&dir, &format!("{BOOK}.safetensors"));
