@@ -135,10 +135,15 @@ fn softmax_of_masked<B: Backend>(
     weights.clone() + weights * centered
 }
 
-/// Burn's fused attention with its causal mask (aligned bottom-right, so `queries < keys` means
+/// Burn's fused attention op, with the causal mask aligned bottom-right (`queries < keys` means
 /// the queries are the last positions), an optional key-padding mask and an optional sliding
-/// window (passed as a mask). Scale left at its default `1/√head_dim`: passing it explicitly
-/// sends cubecl to its slow fallback.
+/// window. Scale left at its default `1/√head_dim`: passing it explicitly sends cubecl to its
+/// slow fallback.
+///
+/// Burn 0.21's op has two causal conventions: its fallback aligns the mask bottom-right, cubek's
+/// flash kernels (which wgpu's autotune may pick) top-left. The op's `is_causal` is therefore
+/// used only where they agree, `queries == keys`; otherwise the causal part travels in the mask,
+/// except for one query after its keys, which sees them all.
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, queries, head_dim]`; `k`, `v`: `[batch, heads, keys, head_dim]`
@@ -153,17 +158,24 @@ pub(crate) fn fused<B: Backend>(
 ) -> Tensor<B, 4> {
     let [batch, heads, queries, _] = q.dims();
     let keys = k.dims()[2];
-    let padding = match window.filter(|&window| window < keys) {
-        Some(window) => Some(mask_for(&q, keys - queries, key_padding, Some(window))),
-        None => key_padding.map(|mask| {
+    let window = window.filter(|&window| window < keys);
+    let square = queries == keys;
+    let (mask, is_causal) = if window.is_some() || (!square && queries > 1) {
+        (
+            Some(mask_for(&q, keys - queries, key_padding, window)),
+            square,
+        )
+    } else {
+        let padding = key_padding.map(|mask| {
             mask.reshape([batch, 1, 1, keys])
                 .expand([batch, heads, queries, keys])
-        }),
+        });
+        (padding, square)
     };
     let options = AttentionModuleOptions {
         scale: None,
         softcap: None,
-        is_causal: true,
+        is_causal,
     };
-    attention(q, k, v, padding, None, options)
+    attention(q, k, v, mask, None, options)
 }
