@@ -22,12 +22,20 @@ pub fn run<B: Backend>(cli: &Cli, prompt: &str, device: &B::Device) -> Result<()
         .encode(prompt, true)
         .map_err(|e| CliError::Input(format!("cannot tokenize the prompt: {e}")))?;
     let ids = encoding.get_ids().to_vec();
+    if ids.is_empty() {
+        return Err(CliError::Input(format!(
+            "the prompt {prompt:?} has no tokens: give some text"
+        )));
+    }
     let model = CausalLm::<B>::load(&cli.model, device)?;
-    let (new, seconds) = generate(&model, ids, cli, device)?;
+    let (new, seconds) = generate(&model, ids.clone(), cli, device)?;
+    // The prompt and the continuation decoded together: decoding the new tokens alone would
+    // drop the space a SentencePiece tokenizer keeps at the start of a word.
+    let all: Vec<u32> = ids.iter().chain(&new).copied().collect();
     let text = tokenizer
-        .decode(&new, true)
+        .decode(&all, true)
         .map_err(|e| CliError::Input(format!("cannot decode the tokens: {e}")))?;
-    println!("{prompt}{text}");
+    println!("{text}");
     eprintln!(
         "{} tokens in {seconds:.2} s: {:.1} tokens/s",
         new.len(),
