@@ -230,7 +230,7 @@ mod padded_batch_flex {
 }
 
 /// Known failure of Burn 0.21's fusion: on `Wgpu` (fused) the KV-cached steps of a batch with a
-/// padding mask give wrong logits for every row from the first cached step on, though the prompt
+/// padding mask give wrong logits for the padded row from the first cached step on, though the prompt
 /// matches, an unpadded batch of two rows matches, uncached generation matches, and the same code
 /// on the unfused wgpu backend matches (below). Run with `--ignored`.
 #[test]

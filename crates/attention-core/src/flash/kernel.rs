@@ -6,8 +6,11 @@
 //! Tensors are row-major `[batch, seq, heads, head_dim]` — the projections' `[batch, seq,
 //! width]` output as it is, so that neither the head split nor the merge copies anything. Keys
 //! and values may have fewer heads than queries (grouped-query attention): query head `i` reads
-//! key/value head `i / (heads / kv_heads)`, and the backward pass sums a group's key and value
-//! gradients into that head's one buffer. The block products run on `matrixmultiply` (through
+//! key/value head `i / (heads / kv_heads)`. A group's query heads are stacked into one matrix,
+//! so each block of their shared keys and values enters one product for the whole group; the
+//! backward pass sums a group's key and value gradients into that head's one buffer, and deals
+//! a pair's key blocks to several tasks when the (sequence, key/value head) pairs are fewer than
+//! the threads. The block products run on `matrixmultiply` (through
 //! ndarray), which picks AVX2/FMA at run time.
 
 use ndarray::linalg::general_mat_mul;
