@@ -509,12 +509,16 @@ fn backward_in_splits<E: KernelFloat>(
         key: vec![E::zero(); dims.key_len()],
         value: vec![E::zero(); dims.key_len()],
     };
-    for (pair, tasks) in per_task.chunks(splits).enumerate() {
+    let mut tasks = per_task.into_iter();
+    for pair in 0..dims.batch * dims.kv_heads {
         let (batch, kv_head) = (pair / dims.kv_heads, pair % dims.kv_heads);
-        let first = &tasks[0];
-        let (mut query, mut key, mut value) =
-            (first.query.clone(), first.key.clone(), first.value.clone());
-        for task in &tasks[1..] {
+        // The pair's first task's buffers take the sums: no copy where there is one task.
+        let GroupGradients {
+            mut query,
+            mut key,
+            mut value,
+        } = tasks.next().expect("one task per split of every pair");
+        for task in tasks.by_ref().take(splits - 1) {
             add_in_parallel(&mut query, &task.query);
             add_in_parallel(&mut key, &task.key);
             add_in_parallel(&mut value, &task.value);
