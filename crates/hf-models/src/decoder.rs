@@ -94,9 +94,11 @@ pub struct SwiGlu<B: Backend> {
 }
 
 impl<B: Backend> Norm<B> {
+    /// Normalizes each token's features.
+    ///
     /// # Shapes
-    /// - `x`, output: `[batch, seq, width]`
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    /// - `x`, output: `[..., width]`
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         match self {
             Norm::Layer(norm) => norm.forward(x),
             Norm::Rms(norm) => norm.forward(x),
@@ -105,9 +107,11 @@ impl<B: Backend> Norm<B> {
 }
 
 impl<B: Backend> Mlp<B> {
+    /// Transforms each token's features on their own.
+    ///
     /// # Shapes
-    /// - `x`, output: `[batch, seq, width]`
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    /// - `x`, output: `[..., width]`
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         match self {
             Mlp::Gelu(mlp) => {
                 let hidden = mlp.fc.forward(x);
@@ -146,33 +150,54 @@ impl<B: Backend> Decoder<B> {
             let cache = caches.as_deref_mut().map(|caches| &mut caches[i]);
             let normed = block.attention_norm.forward(x.clone());
             x = x + attend(&block.attention, normed, input, cache)?;
-            x = x.clone() + block.mlp.forward(block.mlp_norm.forward(x));
+            let mlp = per_token(x.clone(), |rows| {
+                block.mlp.forward(block.mlp_norm.forward(rows))
+            });
+            x = x + mlp;
         }
         if logits == Logits::Last {
             let seq = x.dims()[1];
             x = x.narrow(1, seq - 1, 1);
         }
-        Ok(self.lm_head(self.final_norm.forward(x)))
+        Ok(per_token(x, |rows| {
+            self.lm_head(self.final_norm.forward(rows))
+        }))
     }
 
     /// The LM head: `lm_head`, or the token embedding's transpose when tied (`h · Eᵀ`).
     ///
     /// # Shapes
-    /// - `x`: `[batch, seq, width]`
-    /// - output: `[batch, seq, vocab]`
-    fn lm_head(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    /// - `rows`: `[tokens, width]`
+    /// - output: `[tokens, vocab]`
+    fn lm_head(&self, rows: Tensor<B, 2>) -> Tensor<B, 2> {
         match &self.lm_head {
-            Some(head) => head.forward(x),
-            None => {
-                let [batch, seq, width] = x.dims();
-                let weight = self.token_embedding.weight.val(); // [vocab, width]
-                let vocab = weight.dims()[0];
-                x.reshape([batch * seq, width])
-                    .matmul(weight.transpose())
-                    .reshape([batch, seq, vocab])
-            }
+            Some(head) => head.forward(rows),
+            // `[vocab, width]`
+            None => rows.matmul(self.token_embedding.weight.val().transpose()),
         }
     }
+}
+
+/// `f` applied to every token's features, given as the rows of one matrix.
+///
+/// The parts of a block that see one token at a time (its MLP, the final norm and the LM head)
+/// run on `[batch · seq, width]` rows. Besides being the plain shape for their matrix products,
+/// this avoids a fault of Burn 0.21's fusion on wgpu: an RMSNorm read by the gate and up
+/// projections as `[batch ≥ 2, 1, width]` (a decode step of a batch) gave wrong values for the
+/// rows after the first (`tests/fixtures.rs` runs the padded batch on wgpu).
+///
+/// # Shapes
+/// - `x`: `[batch, seq, width]`
+/// - `f`: `[tokens, width]` → `[tokens, out]`
+/// - output: `[batch, seq, out]`
+fn per_token<B: Backend>(
+    x: Tensor<B, 3>,
+    f: impl FnOnce(Tensor<B, 2>) -> Tensor<B, 2>,
+) -> Tensor<B, 3> {
+    let [batch, seq, width] = x.dims();
+    let out = f(x.reshape([batch * seq, width]));
+    let out_width = out.dims()[1];
+    out.reshape([batch, seq, out_width])
 }
 
 /// A block's attention over `x`, through `cache` when there is one.

@@ -206,52 +206,20 @@ fn a_padded_row_generates_what_it_generates_alone<B: Backend>(device: &B::Device
     }
 }
 
-/// On the CPU backends; wgpu runs the unpadded generation below and the padded batch ignored.
-mod padded_batch_ndarray {
+backend_tests!(
+    models_match_transformers,
+    a_padded_row_generates_what_it_generates_alone
+);
+
+/// On the CPU backends only: uncached generation recomputes a longer sequence at every step, and
+/// each new length makes wgpu compile and autotune its kernels again.
+mod cached_equals_uncached {
     #[test]
-    fn models_match_transformers() {
-        super::models_match_transformers::<attention_backends::NdArray>(&Default::default());
-    }
-    #[test]
-    fn cached_generation_equals_uncached() {
+    fn ndarray() {
         super::cached_generation_equals_uncached::<attention_backends::NdArray>(&Default::default());
     }
-}
-
-mod padded_batch_flex {
     #[test]
-    fn models_match_transformers() {
-        super::models_match_transformers::<attention_backends::Flex>(&Default::default());
-    }
-    #[test]
-    fn cached_generation_equals_uncached() {
+    fn flex() {
         super::cached_generation_equals_uncached::<attention_backends::Flex>(&Default::default());
     }
 }
-
-/// Known failure of Burn 0.21's fusion: on `Wgpu` (fused) the KV-cached steps of a batch with a
-/// padding mask give wrong logits for the padded row from the first cached step on, though the prompt
-/// matches, an unpadded batch of two rows matches, uncached generation matches, and the same code
-/// on the unfused wgpu backend matches (below). Run with `--ignored`.
-#[test]
-#[ignore = "Burn 0.21 fusion on wgpu: cached steps of a padded batch are wrong"]
-fn wgpu_left_padded_batch_matches_transformers() {
-    if let Some(device) = attention_backends::wgpu_device_for_test("wgpu_left_padded_batch") {
-        models_match_transformers::<attention_backends::Wgpu>(&device);
-    }
-}
-
-/// The padded batch on wgpu without Burn's fusion: it matches transformers, which puts the
-/// failure above in fusion rather than in this crate's ops. Ignored to keep CI's build small.
-#[test]
-#[ignore = "compiles a fourth backend; run with --ignored"]
-fn wgpu_unfused_left_padded_batch_matches_transformers() {
-    type WgpuUnfused =
-        burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
-    if let Some(device) = attention_backends::wgpu_device_for_test("wgpu_unfused_left_padded_batch")
-    {
-        models_match_transformers::<WgpuUnfused>(&device);
-    }
-}
-
-backend_tests!(a_padded_row_generates_what_it_generates_alone);
