@@ -3,10 +3,12 @@
 //!
 //! ```text
 //! cargo run --release -p tiny-gpt -- train                       # flex, default settings
+//! cargo run --release -p tiny-gpt -- train --peers 2              # two data-parallel replicas
 //! cargo run --release -p tiny-gpt -- generate --checkpoint tiny-gpt-checkpoint --prompt "the cat "
 //! ```
 
 mod corpus;
+mod parallel;
 mod plot;
 mod train;
 
@@ -20,7 +22,8 @@ use gpt::checkpoint::{self, CheckpointError};
 use gpt::{GenerateError, GptConfig, Sampling};
 use thiserror::Error;
 
-use train::{TrainError, TrainSettings, VOCAB};
+use parallel::{ParallelError, Topology};
+use train::{OptimizerName, TrainError, TrainSettings, VOCAB};
 
 /// What the user is told, as one `error:` line.
 #[derive(Debug, Error)]
@@ -33,6 +36,8 @@ enum CliError {
     Generate(#[from] GenerateError),
     #[error(transparent)]
     NoAdapter(#[from] NoAdapter),
+    #[error(transparent)]
+    Parallel(#[from] ParallelError),
     #[error("the checkpoint's vocabulary has {0} tokens; tiny-gpt's byte-level prompts need 256")]
     Vocabulary(usize),
 }
@@ -67,9 +72,18 @@ enum Command {
         layers: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Checkpoint directory.
+        #[arg(long, value_enum, default_value_t = OptimizerName::Adamw)]
+        optimizer: OptimizerName,
+        /// Checkpoint directory (written by node rank 0).
         #[arg(long, default_value = "tiny-gpt-checkpoint")]
         out: PathBuf,
+        #[command(flatten)]
+        replicas: ReplicaFlags,
+    },
+    /// Serves the collective's orchestrator for `train --nodes … --external-orchestrator`.
+    Orchestrator {
+        #[arg(long)]
+        port: u16,
     },
     /// Continues a prompt with a trained checkpoint.
     Generate {
@@ -91,6 +105,49 @@ enum Command {
     },
 }
 
+/// Where the data-parallel replicas run.
+#[derive(Debug, clap::Args)]
+struct ReplicaFlags {
+    /// Replicas in this process, one thread each; each takes --batch / (peers × nodes) windows of
+    /// every batch, and their gradients are averaged before each step.
+    #[arg(long, default_value_t = 1)]
+    peers: usize,
+    /// Processes training together (on this machine or others), each with --peers replicas.
+    #[arg(long, default_value_t = 1)]
+    nodes: usize,
+    /// This process's rank, 0 to --nodes − 1; rank 0 starts the orchestrator and writes the
+    /// checkpoint.
+    #[arg(long, default_value_t = 0)]
+    node_rank: usize,
+    /// The orchestrator's HOST:PORT (rank 0 serves it on PORT).
+    #[arg(long)]
+    orchestrator: Option<String>,
+    /// Rank 0 joins an orchestrator started by `tiny-gpt orchestrator` instead of serving one.
+    #[arg(long)]
+    external_orchestrator: bool,
+    /// This node's data service, HOST:PORT as the other nodes reach it; it listens on PORT.
+    #[arg(long)]
+    data_address: Option<String>,
+    /// Seconds the replicas may go without finishing a step before the run ends with an error
+    /// (the first step includes waiting for every node to join).
+    #[arg(long, default_value_t = 60)]
+    peer_timeout: u64,
+}
+
+impl ReplicaFlags {
+    fn topology(self) -> Topology {
+        Topology {
+            peers: self.peers,
+            nodes: self.nodes,
+            rank: self.node_rank,
+            orchestrator: self.orchestrator,
+            external_orchestrator: self.external_orchestrator,
+            data_address: self.data_address,
+            timeout: std::time::Duration::from_secs(self.peer_timeout),
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let outcome = match Cli::parse().command {
         Command::Train {
@@ -103,26 +160,37 @@ fn main() -> ExitCode {
             heads,
             layers,
             seed,
+            optimizer,
             out,
+            replicas,
         } => {
             let settings = TrainSettings {
                 steps,
                 batch,
                 learning_rate,
                 seed,
+                optimizer,
                 out,
                 config: GptConfig::new(VOCAB, context, d_model, heads, layers),
             };
-            let trained = dispatch(backend, Train(&settings)).map_err(CliError::from);
+            let topology = replicas.topology();
+            let trained = dispatch(backend, Train(&settings, &topology)).map_err(CliError::from);
             trained
                 .and_then(|trained| Ok(trained?))
-                .map(|(valid, unigram)| {
-                    println!(
+                .map(|trained| match trained {
+                    Some((valid, unigram)) => println!(
                         "final: val_loss={valid:.4} unigram_loss={unigram:.4} ratio={:.4}",
                         valid / unigram
-                    );
+                    ),
+                    None => println!("node {}: done", topology.rank),
                 })
         }
+        Command::Orchestrator { port } => parallel::port_free("orchestrator", port)
+            .map(|()| {
+                println!("orchestrator on port {port}; stop it with Ctrl-C");
+                parallel::run_orchestrator(port)
+            })
+            .map_err(CliError::from),
         Command::Generate {
             backend,
             checkpoint,
@@ -162,13 +230,13 @@ fn main() -> ExitCode {
 }
 
 /// Training on the backend `--backend` names (with `Autodiff` around it).
-struct Train<'a>(&'a TrainSettings);
+struct Train<'a>(&'a TrainSettings, &'a Topology);
 
 impl OnBackend for Train<'_> {
-    type Output = Result<(f64, f64), TrainError>;
+    type Output = Result<Option<(f64, f64)>, TrainError>;
 
     fn run<B: Backend>(self, name: &'static str, device: B::Device) -> Self::Output {
-        train::train::<Autodiff<B>>(self.0, name, &device)
+        train::train::<Autodiff<B>>(self.0, self.1, name, &device)
     }
 }
 
