@@ -3,8 +3,8 @@
 //! all-reduce, and the watchdog the collective lacks (a wait on a peer that died never ends).
 
 use std::net::{TcpListener, ToSocketAddrs};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use burn::collective::{self, CollectiveConfig, PeerId, ReduceOperation};
@@ -112,6 +112,19 @@ impl Topology {
     /// The replica index of this process's `local` peer among all of them.
     pub fn global_peer(&self, local: usize) -> usize {
         self.rank * self.peers + local
+    }
+
+    /// Whom a stalled step waits for: the other nodes, or this process's other peers.
+    pub fn waiting_for(&self) -> String {
+        if self.nodes > 1 {
+            let others: Vec<String> = (0..self.nodes)
+                .filter(|&rank| rank != self.rank)
+                .map(|rank| rank.to_string())
+                .collect();
+            format!("node rank {}", others.join(", "))
+        } else {
+            "a peer".into()
+        }
     }
 
     /// The collective's settings for this process's peers.
@@ -372,11 +385,11 @@ pub struct Heartbeat {
 
 impl Heartbeat {
     /// Nothing finished yet; the clock starts now.
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self {
+    pub fn new() -> Self {
+        Self {
             step: AtomicUsize::new(0),
             at: Mutex::new(Instant::now()),
-        })
+        }
     }
 
     /// A replica finished `step`.
@@ -389,18 +402,5 @@ impl Heartbeat {
     pub fn last(&self) -> (usize, Duration) {
         let at = *self.at.lock().expect("heartbeat lock");
         (self.step.load(Ordering::Relaxed), at.elapsed())
-    }
-}
-
-/// Whom a stalled step waits for: the other nodes, or this process's other peers.
-pub fn waiting_for(topology: &Topology) -> String {
-    if topology.nodes > 1 {
-        let others: Vec<String> = (0..topology.nodes)
-            .filter(|&rank| rank != topology.rank)
-            .map(|rank| rank.to_string())
-            .collect();
-        format!("node rank {}", others.join(", "))
-    } else {
-        "a peer".into()
     }
 }

@@ -19,7 +19,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use thiserror::Error;
 
-use crate::parallel::{Heartbeat, NumberParameters, ParallelError, Peer, Topology, waiting_for};
+use crate::parallel::{Heartbeat, NumberParameters, ParallelError, Peer, Topology};
 use crate::{corpus, plot};
 
 /// Training settings (the command line's).
@@ -201,7 +201,7 @@ struct Job {
     valid_text: Vec<u8>,
     valid_starts: Vec<usize>,
     unigram: f64,
-    heartbeat: Arc<Heartbeat>,
+    heartbeat: Heartbeat,
 }
 
 /// What the replica that keeps the model returns.
@@ -374,7 +374,7 @@ fn run_peers<B: AutodiffBackend>(
                     return Err(ParallelError::Stalled {
                         seconds: topology.timeout.as_secs(),
                         step: step + 1,
-                        waiting_for: waiting_for(topology),
+                        waiting_for: topology.waiting_for(),
                     }
                     .into());
                 }

@@ -259,4 +259,15 @@ fn settings_that_cannot_run_are_refused_up_front() {
         ],
         &format!("data service port {port} is in use"),
     );
+    let output = Command::new(BIN)
+        .args(["orchestrator", "--port", &port.to_string()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: orchestrator port {port} is in use"))
+            && stderr.lines().count() == 1,
+        "{stderr}"
+    );
 }
