@@ -30,8 +30,8 @@ where
 }
 
 /// The environment variables that size the thread pools our backends use: rayon's (our kernel,
-/// burn-flex, burn-ndarray's own loops) and matrixmultiply's (burn-ndarray's matmul and the
-/// kernel's block products).
+/// burn-flex and its `gemm`, burn-ndarray's own loops) and matrixmultiply's (burn-ndarray's
+/// matmul).
 pub const THREAD_POOL_VARS: [&str; 2] = ["RAYON_NUM_THREADS", "MATMUL_NUM_THREADS"];
 
 /// Makes every pool of this process `threads` wide: returns at once when the environment already

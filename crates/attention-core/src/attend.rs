@@ -25,7 +25,8 @@ pub enum AttentionPath {
     /// One attention op that never materializes `[seq, seq]` and never applies dropout. On
     /// ndarray and burn-flex (with or without `Autodiff`): this crate's CPU kernel — blockwise,
     /// skipping the masked half, FlashAttention's backward. Elsewhere: Burn's fused [`attention`]
-    /// op with `is_causal` (a flash-attention kernel on wgpu). The cached path uses Burn's op.
+    /// op with `is_causal` (a flash-attention kernel on wgpu). The cached path takes the CPU
+    /// kernel on ndarray and burn-flex without `Autodiff`, Burn's op elsewhere.
     Fused,
 }
 

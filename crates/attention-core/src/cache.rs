@@ -3,6 +3,8 @@
 use burn::prelude::*;
 
 use crate::error::AttentionError;
+use crate::flash::HostStorage;
+use crate::flash::kernel::KeyRows;
 
 /// Keys and values of the positions a layer has seen, for
 /// [`MultiHeadAttention::forward_cached`](crate::MultiHeadAttention::forward_cached).
@@ -17,9 +19,14 @@ use crate::error::AttentionError;
 /// the generation (a move every `W` or more positions). Made by
 /// [`MultiHeadAttention::new_cache`](crate::MultiHeadAttention::new_cache).
 ///
+/// On ndarray and burn-flex (without `Autodiff`) the fused and default paths keep the keys and
+/// values in host memory in the CPU kernel's layout, which the kernel reads in place; elsewhere,
+/// and on the explicit path, in Burn tensors. A cache moves between the two when a call's path
+/// needs the other.
+///
 /// # Shapes
-/// - keys, values: `[batch, kv_heads, allocated, head_dim]`, slots `0..len − start` holding
-///   positions `start..len`
+/// - keys, values: `[batch, kv_heads, allocated, head_dim]` (tensors) or `[batch, allocated,
+///   kv_heads · head_dim]` (host memory), slots `0..len − start` holding positions `start..len`
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {
     heads: usize,
@@ -29,8 +36,18 @@ pub struct KvCache<B: Backend> {
     len: usize,
     /// The position in storage slot 0 (positions before it were dropped by the window).
     start: usize,
-    /// `(keys, values)`, allocated at the first step and grown as needed.
-    storage: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+    /// Allocated at the first step and grown as needed.
+    storage: Option<Storage<B>>,
+}
+
+/// Where a cache's keys and values live.
+#[derive(Debug, Clone)]
+enum Storage<B: Backend> {
+    /// `(keys, values)`, `[batch, kv_heads, allocated, head_dim]`: the layout of Burn's attention
+    /// op and the explicit path.
+    Tensors(Tensor<B, 4>, Tensor<B, 4>),
+    /// Host memory in the CPU kernel's layout.
+    Host(HostStorage),
 }
 
 /// How [`KvCache::append`] will store a step, decided (and checked) by [`KvCache::plan`] before
@@ -94,7 +111,10 @@ impl<B: Backend> KvCache<B> {
     /// The batch size the cache was filled with, `None` while it has never been used since the
     /// last [`reset`](Self::reset).
     pub fn batch_size(&self) -> Option<usize> {
-        self.storage.as_ref().map(|(keys, _)| keys.dims()[0])
+        self.storage.as_ref().map(|storage| match storage {
+            Storage::Tensors(keys, _) => keys.dims()[0],
+            Storage::Host(host) => host.batch(),
+        })
     }
 
     /// Empties the cache (and forgets its batch size), to start a new sequence.
@@ -157,7 +177,10 @@ impl<B: Backend> KvCache<B> {
 
     /// Positions the storage has room for now.
     pub fn allocated(&self) -> usize {
-        self.storage.as_ref().map_or(0, |(keys, _)| keys.dims()[2])
+        self.storage.as_ref().map_or(0, |storage| match storage {
+            Storage::Tensors(keys, _) => keys.dims()[2],
+            Storage::Host(host) => host.allocated(),
+        })
     }
 
     /// Checks that `new` more positions of a batch of `batch` can be stored, and decides how.
@@ -240,7 +263,11 @@ impl<B: Backend> KvCache<B> {
                 _ => storage,
             }
         };
-        let (all_keys, all_values) = match self.storage.take() {
+        let old = self.storage.take().map(|storage| match storage {
+            Storage::Tensors(keys, values) => (keys, values),
+            Storage::Host(host) => host.to_tensors(self.heads, &keys.device()),
+        });
+        let (all_keys, all_values) = match old {
             Some((keys, values)) if !plan.compact && keys.dims()[2] >= plan.allocate => {
                 (keys, values)
             }
@@ -259,7 +286,52 @@ impl<B: Backend> KvCache<B> {
         let seen = at - plan.keep..at + new;
         let view = |tensor: &Tensor<B, 4>| tensor.clone().narrow(2, seen.start, seen.len());
         let seen = (view(&all_keys), view(&all_values));
-        self.storage = Some((all_keys, all_values));
+        self.storage = Some(Storage::Tensors(all_keys, all_values));
         seen
+    }
+
+    /// [`append`](Self::append) for the CPU kernel: the storage is host memory in the kernel's
+    /// layout (moved there first if it was in tensors). Returns the storage and where the new
+    /// queries' keys lie in it: the kept past positions and the new ones.
+    ///
+    /// # Shapes
+    /// - `keys`, `values`: `[batch, new, kv_heads · head_dim]`
+    pub(crate) fn append_host(
+        &mut self,
+        keys: Tensor<B, 3>,
+        values: Tensor<B, 3>,
+        plan: Plan,
+    ) -> (&HostStorage, KeyRows) {
+        let [batch, new, row] = keys.dims();
+        let stored = self.len - self.start;
+        let carried = if plan.compact {
+            stored - plan.keep..stored
+        } else {
+            0..stored
+        };
+        let old = self.storage.take().map(|storage| match storage {
+            Storage::Tensors(keys, values) => HostStorage::from_tensors(keys, values),
+            Storage::Host(host) => host,
+        });
+        let mut host = match old {
+            Some(host) if !plan.compact && host.allocated() >= plan.allocate => host,
+            Some(host) => host.moved(plan.allocate, carried),
+            None => HostStorage::zeros(keys.dtype(), batch, plan.allocate, row),
+        };
+        if plan.compact {
+            self.start = self.len - plan.keep;
+        }
+        let at = self.len - self.start;
+        host.write(at, keys, values);
+        self.len += new;
+        let rows = KeyRows {
+            first: at - plan.keep,
+            per_sequence: host.allocated(),
+        };
+        let storage = self.storage.insert(Storage::Host(host));
+        let Storage::Host(host) = storage else {
+            unreachable!("just stored")
+        };
+        (host, rows)
     }
 }

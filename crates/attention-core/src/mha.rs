@@ -7,7 +7,7 @@ use burn::tensor::{Bool, Int};
 use crate::attend::{self, AttentionPath, AttentionScores};
 use crate::cache::KvCache;
 use crate::error::AttentionError;
-use crate::flash::{self, FlashInputs};
+use crate::flash::{self, CachedInputs, FlashInputs};
 use crate::rope::{Positions, RopeConfig, Rotary};
 use crate::route::{Call, Route, route};
 
@@ -497,6 +497,26 @@ impl<B: Backend> MultiHeadAttention<B> {
         if route == Route::Explicit {
             let keys = plan.keys_seen(new);
             check_explicit_size([batch, self.num_heads, new, keys])?;
+        }
+        if route == Route::CpuKernel {
+            let [q, k, v] = self
+                .project(x_new, &positions, HeadLayout::SideBySide)
+                .map(|t| {
+                    let [batch, seq, heads, head_dim] = t.dims();
+                    t.reshape([batch, seq, heads * head_dim])
+                });
+            let keys = plan.keys_seen(new);
+            let (storage, key_rows) = cache.append_host(k, v, plan);
+            let context = flash::cached_attention(CachedInputs {
+                query: q,
+                cache: storage,
+                key_rows,
+                keys,
+                heads: self.num_heads,
+                window: self.sliding_window,
+                key_padding: key_padding.map(|mask| mask.narrow(1, past + new - keys, keys)),
+            });
+            return Ok(self.output_layer.forward(context));
         }
         let [q, k, v] = self.project(x_new, &positions, HeadLayout::Split);
         let (keys, values) = cache.append(k, v, plan);

@@ -5,16 +5,20 @@
 //! |---|---|---|---|---|
 //! | [`forward_with`] | ndarray, flex (± `Autodiff`) | [`Route::CpuKernel`]¹ | [`Route::Explicit`] | [`Route::CpuKernel`] |
 //! | [`forward_with`] | others (wgpu) | [`Route::BurnOp`]² | [`Route::Explicit`] | [`Route::BurnOp`] |
-//! | [`forward_cached_with`] | any | [`Route::BurnOp`]³ | [`Route::Explicit`] | [`Route::BurnOp`] |
+//! | [`forward_cached_with`] | ndarray, flex | [`Route::CpuKernel`]³ | [`Route::Explicit`] | [`Route::CpuKernel`] |
+//! | [`forward_cached_with`] | others, `Autodiff` | [`Route::BurnOp`]⁴ | [`Route::Explicit`] | [`Route::BurnOp`] |
 //! | [`forward_traced`] | any | [`Route::Explicit`] | | |
 //!
 //! 1. [`Route::Explicit`] under `Autodiff` while dropout is active: only the explicit path
 //!    applies dropout.
 //! 2. [`Route::Explicit`] under `Autodiff`: Burn 0.21 differentiates its attention op through the
 //!    same `O(T²)` composite, with an approximate division gradient on some backends.
-//! 3. The cache stores keys per head (`[batch, heads, len, head_dim]`), the layout Burn's op
-//!    reads; the kernel reads `[batch, len, heads · head_dim]`. [`Route::Explicit`] under
-//!    `Autodiff` for the reasons of 1, and of 2 on backends other than ndarray and flex.
+//! 3. The cache keeps its keys and values in host memory in the kernel's layout, which the
+//!    kernel reads in place ([`KvCache`](crate::KvCache)).
+//! 4. The cache stores keys per head (`[batch, heads, len, head_dim]`), the layout Burn's op
+//!    reads. Under `Autodiff` the cache stays in tensors, through which gradients flow, even on
+//!    ndarray and flex; [`Route::Explicit`] under `Autodiff` for the reasons of 1, and of 2 on
+//!    backends other than ndarray and flex.
 //!
 //! [`forward_with`]: crate::MultiHeadAttention::forward_with
 //! [`forward_cached_with`]: crate::MultiHeadAttention::forward_cached_with
@@ -55,7 +59,10 @@ pub(crate) fn route<B: Backend>(
     dropout_active: bool,
 ) -> Route {
     let cpu_backend = flash::supports::<B>();
-    let kernel = call == Call::Full && cpu_backend;
+    let kernel = match call {
+        Call::Full => cpu_backend,
+        Call::Cached => flash::keeps_host_cache::<B>(),
+    };
     match path {
         AttentionPath::Explicit => Route::Explicit,
         AttentionPath::Fused if kernel => Route::CpuKernel,
@@ -92,7 +99,14 @@ mod tests {
             route::<NdArray>(Explicit, Full, false, false),
             Route::Explicit
         );
-        assert_eq!(route::<NdArray>(Auto, Cached, false, false), Route::BurnOp);
+        assert_eq!(
+            route::<NdArray>(Auto, Cached, false, false),
+            Route::CpuKernel
+        );
+        assert_eq!(
+            route::<burn::backend::Flex>(Fused, Cached, false, false),
+            Route::CpuKernel
+        );
         assert_eq!(route::<Ad>(Auto, Cached, true, true), Route::Explicit);
         assert_eq!(route::<Ad>(Fused, Cached, true, false), Route::BurnOp);
         assert_eq!(route::<Ad>(Auto, Cached, true, false), Route::BurnOp);

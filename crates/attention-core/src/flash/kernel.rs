@@ -10,60 +10,53 @@
 //! so each block of their shared keys and values enters one product for the whole group; the
 //! backward pass sums a group's key and value gradients into that head's one buffer, and deals
 //! a pair's key blocks to several tasks when the (sequence, key/value head) pairs are fewer than
-//! the threads. The block products run on `matrixmultiply` (through
-//! ndarray), which picks AVX2/FMA at run time.
+//! the threads. The block products and the softmax loops run at the CPU's full vector width
+//! ([`simd`](super::simd), picked at run time).
 
-use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis, ShapeBuilder, Slice};
 use rayon::prelude::*;
 
+use super::simd::{self, mat_mul};
+
 /// Queries per block: the unit of parallel work in the forward pass.
 const QUERY_BLOCK: usize = 64;
-/// Keys per block. With 64-wide heads a `64 × 128` block product stays below matrixmultiply's
-/// threshold for spawning threads of its own inside ours.
+/// Keys per block. With 64-wide heads a `64 × 128` block of scores (32 KiB in `f32`) and the
+/// block's keys and values stay in a core's L2 cache.
 const KEY_BLOCK: usize = 128;
 
 /// The float types the kernel computes in.
 pub trait KernelFloat:
     num_traits::Float + ndarray::LinalgScalar + Send + Sync + std::fmt::Debug + 'static
 {
-    /// `x ← exp(x)` for every element.
-    fn exp_in_place(xs: &mut [Self]);
+    /// The largest element, `-inf` for none.
+    fn max_of(xs: &[Self]) -> Self;
+
+    /// `x ← exp(x − shift)` for every element; returns their sum.
+    fn exp_shifted_sum(xs: &mut [Self], shift: Self) -> Self;
 }
 
 impl KernelFloat for f64 {
-    fn exp_in_place(xs: &mut [Self]) {
+    fn max_of(xs: &[Self]) -> Self {
+        xs.iter().copied().fold(Self::NEG_INFINITY, Self::max)
+    }
+
+    fn exp_shifted_sum(xs: &mut [Self], shift: Self) -> Self {
         // The f64 path serves gradient checks against finite differences: full precision.
-        xs.iter_mut().for_each(|x| *x = x.exp());
+        xs.iter_mut().fold(0.0, |sum, x| {
+            *x = (*x - shift).exp();
+            sum + *x
+        })
     }
 }
 
 impl KernelFloat for f32 {
-    fn exp_in_place(xs: &mut [Self]) {
-        xs.iter_mut().for_each(|x| *x = exp_f32(*x));
+    fn max_of(xs: &[Self]) -> Self {
+        simd::max_f32(xs)
     }
-}
 
-/// `exp(x)` within 2 ulp of libm (Cephes' `expf` polynomial; tested), branch-free so that the compiler
-/// vectorizes a loop of it; `std`'s `exp` is a scalar libm call, which would cost more than the
-/// block products. Inputs below −87 (where `exp` leaves the normal range) give 0.
-fn exp_f32(x: f32) -> f32 {
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // 1.5 · 2²³: adding it rounds to an integer held in the low bits of the mantissa.
-    const SHIFTER: f32 = 12_582_912.0;
-    let clamped = x.clamp(-87.0, 88.0);
-    let shifted = clamped * std::f32::consts::LOG2_E + SHIFTER;
-    let n = shifted - SHIFTER;
-    let exponent = shifted.to_bits().wrapping_sub(SHIFTER.to_bits()) as i32;
-    let r = clamped - n * LN2_HI - n * LN2_LO;
-    let poly = ((((1.987_569_2e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
-        * r
-        + 1.666_666_5e-1)
-        * r
-        + 0.5;
-    let y = (poly * r * r + r + 1.0) * f32::from_bits(((exponent + 127) << 23) as u32);
-    if x < -87.0 { 0.0 } else { y }
+    fn exp_shifted_sum(xs: &mut [Self], shift: Self) -> Self {
+        simd::exp_shifted_sum_f32(xs, shift)
+    }
 }
 
 /// The sizes of one attention call.
@@ -138,19 +131,6 @@ impl Dims {
         })
     }
 
-    /// The `[rows, head_dim]` view of head `head` of sequence `batch` in a `[batch, rows,
-    /// heads, head_dim]` tensor (queries and outputs: `heads`; keys and values: `kv_heads`).
-    fn view<'a, E>(
-        &self,
-        data: &'a [E],
-        [batch, rows]: [usize; 2],
-        [heads, head]: [usize; 2],
-    ) -> ArrayView2<'a, E> {
-        let start = (batch * rows * heads + head) * self.head_dim;
-        let shape = (rows, self.head_dim).strides((heads * self.head_dim, 1));
-        ArrayView2::from_shape(shape, &data[start..]).expect("the buffer holds the tensor")
-    }
-
     /// `1 / √head_dim`, the scores' scale.
     fn scale<E: KernelFloat>(&self) -> E {
         E::from(self.head_dim)
@@ -194,8 +174,7 @@ impl Dims {
 
     /// Query positions per block product: a group's heads are stacked, so a product takes
     /// `QUERY_BLOCK / group` positions (at least one), which keeps every product of the kernel
-    /// as small as a `QUERY_BLOCK × KEY_BLOCK` one. Larger products would cross matrixmultiply's
-    /// threshold for starting threads of its own inside the kernel's tasks.
+    /// as small as a `QUERY_BLOCK × KEY_BLOCK` one, whatever the group size.
     fn positions_per_product(&self) -> usize {
         (QUERY_BLOCK / self.group()).max(1)
     }
@@ -222,11 +201,33 @@ pub struct Gradients<E> {
     pub value: Vec<E>,
 }
 
+/// Where each sequence's keys (and values) lie in the key and value buffers: rows
+/// `first .. first + keys` of the sequence's `per_sequence` rows. A cache's storage holds more
+/// positions than one call reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRows {
+    /// The first row read.
+    pub first: usize,
+    /// Rows per sequence in the buffers.
+    pub per_sequence: usize,
+}
+
+impl KeyRows {
+    /// Exactly `keys` rows per sequence, all read.
+    pub fn packed(dims: &Dims) -> Self {
+        Self {
+            first: 0,
+            per_sequence: dims.keys,
+        }
+    }
+}
+
 /// The inputs of one attention call.
 ///
 /// # Shapes
 /// - `query`: `[batch, queries, heads, head_dim]`
-/// - `key`, `value`: `[batch, keys, kv_heads, head_dim]`
+/// - `key`, `value`: `[batch, key_rows.per_sequence, kv_heads, head_dim]`, of which rows
+///   `key_rows.first ..` are the call's `keys`
 /// - `key_padding`: `[batch, keys]`, `true` = padding (never attended to)
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a, E> {
@@ -238,6 +239,8 @@ pub struct Inputs<'a, E> {
     pub key: &'a [E],
     /// Values.
     pub value: &'a [E],
+    /// Where the keys and values of each sequence lie in `key` and `value`.
+    pub key_rows: KeyRows,
     /// Keys never attended to.
     pub key_padding: Option<&'a [bool]>,
 }
@@ -260,11 +263,17 @@ impl<E: KernelFloat> Inputs<'_, E> {
             dims.query_len(),
             "query buffer for {dims:?}"
         );
-        assert_eq!(self.key.len(), dims.key_len(), "key buffer for {dims:?}");
+        let rows = self.key_rows;
+        assert!(
+            rows.first + dims.keys <= rows.per_sequence,
+            "keys past the buffers' rows: {rows:?}, {dims:?}"
+        );
+        let key_len = dims.batch * rows.per_sequence * dims.kv_width();
+        assert_eq!(self.key.len(), key_len, "key buffer for {dims:?}, {rows:?}");
         assert_eq!(
             self.value.len(),
-            dims.key_len(),
-            "value buffer for {dims:?}"
+            key_len,
+            "value buffer for {dims:?}, {rows:?}"
         );
         if let Some(padding) = self.key_padding {
             assert_eq!(
@@ -273,6 +282,16 @@ impl<E: KernelFloat> Inputs<'_, E> {
                 "padding for {dims:?}"
             );
         }
+    }
+
+    /// The `[keys, head_dim]` view of key/value head `kv_head` of sequence `batch` in `data`
+    /// (the key or the value buffer).
+    fn key_view<'a>(&self, data: &'a [E], batch: usize, kv_head: usize) -> ArrayView2<'a, E> {
+        let (dims, rows) = (self.dims, self.key_rows);
+        let start =
+            ((batch * rows.per_sequence + rows.first) * dims.kv_heads + kv_head) * dims.head_dim;
+        let shape = (dims.keys, dims.head_dim).strides((dims.kv_width(), 1));
+        ArrayView2::from_shape(shape, &data[start..]).expect("the buffer holds the tensor")
     }
 
     /// `scale · q kᵀ` for a block of stacked query rows and key columns `cols` of one
@@ -296,7 +315,7 @@ impl<E: KernelFloat> Inputs<'_, E> {
     ) {
         let dims = self.dims;
         let key_block = key.slice_axis(Axis(0), Slice::from(cols.clone()));
-        general_mat_mul(dims.scale(), query, &key_block.t(), E::zero(), scores);
+        mat_mul(dims.scale(), query, &key_block.t(), E::zero(), scores);
         let padding = self
             .key_padding
             .map(|padding| &padding[batch * dims.keys + cols.start..batch * dims.keys + cols.end]);
@@ -337,8 +356,18 @@ pub fn forward<E: KernelFloat>(inputs: Inputs<E>) -> Forward<E> {
             log_sum_exp,
         };
     }
+    let blocks = dims.batch * dims.queries.div_ceil(QUERY_BLOCK);
+    if blocks < rayon::current_num_threads() && dims.kv_heads > 1 && dims.queries <= QUERY_BLOCK {
+        forward_by_head(&inputs, &mut output, &mut log_sum_exp);
+        return Forward {
+            output,
+            log_sum_exp,
+        };
+    }
     // Each task owns the rows of one block of queries of one sequence, all heads: a contiguous
-    // stretch of the output and of the log-sum-exp.
+    // stretch of the output and of the log-sum-exp. Under the causal mask later blocks see more
+    // keys; they are dealt first, so that the tasks left when threads run out of work are the
+    // small ones.
     output
         .par_chunks_mut(dims.queries * width)
         .zip(log_sum_exp.par_chunks_mut(dims.queries * dims.heads))
@@ -348,10 +377,18 @@ pub fn forward<E: KernelFloat>(inputs: Inputs<E>) -> Forward<E> {
                 .par_chunks_mut(QUERY_BLOCK * width)
                 .zip(log_sum_exp.par_chunks_mut(QUERY_BLOCK * dims.heads))
                 .enumerate()
+                .rev()
                 .map(move |(block, chunks)| (batch, block * QUERY_BLOCK, chunks))
         })
         .for_each(|(batch, first_query, (output, log_sum_exp))| {
-            forward_block(&inputs, batch, first_query, output, log_sum_exp);
+            forward_block(
+                &inputs,
+                batch,
+                first_query,
+                0..dims.kv_heads,
+                output,
+                log_sum_exp,
+            );
         });
     Forward {
         output,
@@ -359,9 +396,58 @@ pub fn forward<E: KernelFloat>(inputs: Inputs<E>) -> Forward<E> {
     }
 }
 
-/// One block of queries of one sequence, every head. The query heads of a group are stacked
-/// into one matrix, so that each block of their shared keys and values enters one product for
-/// the whole group.
+/// [`forward`] for fewer blocks of queries than threads, each sequence's queries one block
+/// (decoding a token, a short prompt): one task per (sequence, key/value head), so that the
+/// threads share the reading of long keys and values. Each task fills the group's columns of a
+/// scratch `[queries, heads, head_dim]` of its own, copied into place afterwards.
+///
+/// # Shapes
+/// - `output`: `[batch, queries, heads, head_dim]`, zeros; `log_sum_exp`: `[batch, queries,
+///   heads]`, `-inf`
+fn forward_by_head<E: KernelFloat>(inputs: &Inputs<E>, output: &mut [E], log_sum_exp: &mut [E]) {
+    let dims = inputs.dims;
+    let (width, group) = (dims.width(), dims.group());
+    let parts: Vec<(Vec<E>, Vec<E>)> = (0..dims.batch * dims.kv_heads)
+        .into_par_iter()
+        .map(|task| {
+            let (batch, kv_head) = (task / dims.kv_heads, task % dims.kv_heads);
+            let mut part_output = vec![E::zero(); dims.queries * width];
+            let mut part_log_sum_exp = vec![E::neg_infinity(); dims.queries * dims.heads];
+            let heads = kv_head..kv_head + 1;
+            forward_block(
+                inputs,
+                batch,
+                0,
+                heads,
+                &mut part_output,
+                &mut part_log_sum_exp,
+            );
+            (part_output, part_log_sum_exp)
+        })
+        .collect();
+    for (task, (part_output, part_log_sum_exp)) in parts.into_iter().enumerate() {
+        let (batch, kv_head) = (task / dims.kv_heads, task % dims.kv_heads);
+        let columns = kv_head * group * dims.head_dim..(kv_head + 1) * group * dims.head_dim;
+        let heads = kv_head * group..(kv_head + 1) * group;
+        let rows = batch * dims.queries..(batch + 1) * dims.queries;
+        for (row, part) in output[rows.start * width..rows.end * width]
+            .chunks_mut(width)
+            .zip(part_output.chunks(width))
+        {
+            row[columns.clone()].copy_from_slice(&part[columns.clone()]);
+        }
+        for (row, part) in log_sum_exp[rows.start * dims.heads..rows.end * dims.heads]
+            .chunks_mut(dims.heads)
+            .zip(part_log_sum_exp.chunks(dims.heads))
+        {
+            row[heads.clone()].copy_from_slice(&part[heads.clone()]);
+        }
+    }
+}
+
+/// One block of queries of one sequence, the query heads of key/value heads `kv_heads`. The
+/// query heads of a group are stacked into one matrix, so that each block of their shared keys
+/// and values enters one product for the whole group.
 ///
 /// # Shapes
 /// - `output`: `[block, heads, head_dim]`, zeros; `log_sum_exp`: `[block, heads]`
@@ -369,6 +455,7 @@ fn forward_block<E: KernelFloat>(
     inputs: &Inputs<E>,
     batch: usize,
     first_query: usize,
+    kv_heads: std::ops::Range<usize>,
     output: &mut [E],
     log_sum_exp: &mut [E],
 ) {
@@ -383,9 +470,9 @@ fn forward_block<E: KernelFloat>(
     let mut out_buffer = vec![E::zero(); most_rows * head_dim];
     let mut row_max = vec![E::neg_infinity(); most_rows];
     let mut row_sum = vec![E::zero(); most_rows];
-    for kv_head in 0..dims.kv_heads {
-        let key = dims.view(inputs.key, [batch, dims.keys], [dims.kv_heads, kv_head]);
-        let value = dims.view(inputs.value, [batch, dims.keys], [dims.kv_heads, kv_head]);
+    for kv_head in kv_heads {
+        let key = inputs.key_view(inputs.key, batch, kv_head);
+        let value = inputs.key_view(inputs.value, batch, kv_head);
         let first_head = kv_head * group;
         for first in rows.clone().step_by(positions) {
             let part = first..(first + positions).min(rows.end);
@@ -406,23 +493,21 @@ fn forward_block<E: KernelFloat>(
                 inputs.masked_scores(batch, &query, &key, part.start, cols.clone(), &mut scores);
                 for (r, mut row) in scores.rows_mut().into_iter().enumerate() {
                     let row = row.as_slice_mut().expect("scores are row-major");
-                    let block_max = row.iter().copied().fold(E::neg_infinity(), E::max);
+                    let block_max = E::max_of(row);
                     if block_max == E::neg_infinity() {
                         row.fill(E::zero()); // every key of this block is masked for this query
                         continue;
                     }
                     let new_max = row_max[r].max(block_max);
-                    row.iter_mut().for_each(|x| *x = *x - new_max);
-                    E::exp_in_place(row);
+                    let block_sum = E::exp_shifted_sum(row, new_max);
                     let correction = (row_max[r] - new_max).exp(); // 0 when row_max was -inf
-                    row_sum[r] =
-                        row_sum[r] * correction + row.iter().copied().fold(E::zero(), |a, b| a + b);
+                    row_sum[r] = row_sum[r] * correction + block_sum;
                     row_max[r] = new_max;
                     if correction != E::one() {
                         out.row_mut(r).mapv_inplace(|o| o * correction);
                     }
                 }
-                general_mat_mul(
+                mat_mul(
                     E::one(),
                     &scores,
                     &value.slice_axis(Axis(0), Slice::from(cols)),
@@ -491,6 +576,11 @@ fn backward_in_splits<E: KernelFloat>(
 ) -> Gradients<E> {
     inputs.check();
     let dims = inputs.dims;
+    assert_eq!(
+        inputs.key_rows,
+        KeyRows::packed(&dims),
+        "the backward pass reads packed keys"
+    );
     assert_eq!(
         output_grad.len(),
         dims.query_len(),
@@ -587,8 +677,8 @@ fn backward_group<E: KernelFloat>(
     };
     let query = gather(inputs.query, all_queries.clone());
     let query_output_grad = gather(output_grad, all_queries);
-    let key = dims.view(inputs.key, [batch, dims.keys], [dims.kv_heads, kv_head]);
-    let value = dims.view(inputs.value, [batch, dims.keys], [dims.kv_heads, kv_head]);
+    let key = inputs.key_view(inputs.key, batch, kv_head);
+    let value = inputs.key_view(inputs.value, batch, kv_head);
     // Per stacked row: log Σ exp, and Σ_d dO ⊙ O, the softmax gradient's row term.
     // `[batch, queries, heads, width]` indices of the group at `position`.
     let group_rows = |position: usize, width: usize| {
@@ -654,14 +744,13 @@ fn backward_group<E: KernelFloat>(
                 if lse == E::neg_infinity() {
                     row.fill(E::zero());
                 } else {
-                    row.iter_mut().for_each(|x| *x = *x - lse);
-                    E::exp_in_place(row);
+                    E::exp_shifted_sum(row, lse);
                 }
             }
             let mut value_grad_block = grads
                 .value
                 .slice_axis_mut(Axis(0), Slice::from(cols.clone()));
-            general_mat_mul(
+            mat_mul(
                 E::one(),
                 &weights.t(),
                 &output_grad_block,
@@ -670,7 +759,7 @@ fn backward_group<E: KernelFloat>(
             );
             // dS = P ⊙ (dO vᵀ − rowdot), then dQ += dS k · scale and dK += dSᵀ q · scale.
             let mut score_grad = block_matrix(&mut score_grad_buffer, rows.len(), cols.len());
-            general_mat_mul(
+            mat_mul(
                 E::one(),
                 &output_grad_block,
                 &value_block.t(),
@@ -686,7 +775,7 @@ fn backward_group<E: KernelFloat>(
                 grad_row.zip_mut_with(&weight_row, |g, &w| *g = w * (*g - dot));
             }
             let mut query_grad_block = grads.query.slice_axis_mut(Axis(0), Slice::from(rows));
-            general_mat_mul(
+            mat_mul(
                 dims.scale(),
                 &score_grad,
                 &key_block,
@@ -694,7 +783,7 @@ fn backward_group<E: KernelFloat>(
                 &mut query_grad_block,
             );
             let mut key_grad_block = grads.key.slice_axis_mut(Axis(0), Slice::from(cols.clone()));
-            general_mat_mul(
+            mat_mul(
                 dims.scale(),
                 &score_grad.t(),
                 &query_block,
@@ -838,6 +927,7 @@ mod tests {
             query: &data[0],
             key: &data[1],
             value: &data[2],
+            key_rows: KeyRows::packed(&dims),
             key_padding: key_padding.as_deref(),
         };
         let expected = reference(&inputs, &data[3]);
@@ -865,6 +955,7 @@ mod tests {
             query: &query,
             key: &key,
             value: &value,
+            key_rows: KeyRows::packed(&dims),
             key_padding,
         };
         let forward = super::forward(inputs);
@@ -992,17 +1083,143 @@ mod tests {
         assert_eq!(key_splits(&short, 16), 2); // no more tasks than key blocks
     }
 
+    /// Decoding's split, one task per (sequence, key/value head), gives bit for bit what one
+    /// task per block over all heads gives, whatever the thread count picks.
     #[test]
-    fn fast_exp_is_within_two_ulp_of_libm() {
-        let mut x = -87.0f32;
-        while x < 88.0 {
-            let (fast, exact) = (exp_f32(x), (x as f64).exp());
-            let ulp = (exact as f32).to_bits().abs_diff(fast.to_bits());
-            assert!(ulp <= 2, "exp({x}) = {fast}, libm {exact} ({ulp} ulp)");
-            x += 0.0137;
+    fn tasks_per_head_give_what_tasks_per_block_give() {
+        for (dims, padding) in [
+            (
+                Dims {
+                    batch: 1,
+                    heads: 4,
+                    kv_heads: 4,
+                    queries: 1,
+                    keys: 300,
+                    head_dim: 8,
+                    window: None,
+                },
+                false,
+            ),
+            (
+                Dims {
+                    batch: 2,
+                    heads: 6,
+                    kv_heads: 2,
+                    queries: 5,
+                    keys: 140,
+                    head_dim: 4,
+                    window: Some(33),
+                },
+                true,
+            ),
+            (
+                Dims {
+                    batch: 1,
+                    heads: 2,
+                    kv_heads: 1,
+                    queries: 64,
+                    keys: 64,
+                    head_dim: 16,
+                    window: None,
+                },
+                false,
+            ),
+        ] {
+            let [query, key, value] = [1, 2, 3].map(|seed| {
+                let len = if seed == 1 {
+                    dims.query_len()
+                } else {
+                    dims.key_len()
+                };
+                values(len, seed)
+                    .into_iter()
+                    .map(|x| x as f32)
+                    .collect::<Vec<f32>>()
+            });
+            let padding: Option<Vec<bool>> =
+                padding.then(|| (0..dims.batch * dims.keys).map(|i| i % 7 == 3).collect());
+            let inputs = Inputs {
+                dims,
+                query: &query,
+                key: &key,
+                value: &value,
+                key_rows: KeyRows::packed(&dims),
+                key_padding: padding.as_deref(),
+            };
+            let mut by_head = [
+                vec![0.0; dims.query_len()],
+                vec![f32::NEG_INFINITY; dims.batch * dims.queries * dims.heads],
+            ];
+            let [output, log_sum_exp] = &mut by_head;
+            forward_by_head(&inputs, output, log_sum_exp);
+            let mut by_block = [
+                vec![0.0; dims.query_len()],
+                vec![f32::NEG_INFINITY; dims.batch * dims.queries * dims.heads],
+            ];
+            let [output, log_sum_exp] = &mut by_block;
+            for ((batch, output), log_sum_exp) in output
+                .chunks_mut(dims.queries * dims.width())
+                .enumerate()
+                .zip(log_sum_exp.chunks_mut(dims.queries * dims.heads))
+            {
+                forward_block(&inputs, batch, 0, 0..dims.kv_heads, output, log_sum_exp);
+            }
+            assert_eq!(by_head, by_block, "{dims:?}");
         }
-        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp_f32(-100.0), 0.0);
-        assert_eq!(exp_f32(0.0), 1.0);
+    }
+
+    /// Keys read from the middle of longer rows (a cache's storage) give what the same keys
+    /// packed give.
+    #[test]
+    fn keys_inside_longer_rows_are_read_where_they_lie() {
+        let dims = Dims {
+            batch: 2,
+            heads: 4,
+            kv_heads: 2,
+            queries: 3,
+            keys: 150,
+            head_dim: 8,
+            window: None,
+        };
+        let rows = KeyRows {
+            first: 5,
+            per_sequence: 170,
+        };
+        let query: Vec<f64> = values(dims.query_len(), 1);
+        let stored: Vec<Vec<f64>> = [2, 3]
+            .iter()
+            .map(|&seed| values(dims.batch * rows.per_sequence * dims.kv_width(), seed))
+            .collect();
+        let packed: Vec<Vec<f64>> = stored
+            .iter()
+            .map(|buffer| {
+                buffer
+                    .chunks(rows.per_sequence * dims.kv_width())
+                    .flat_map(|sequence| {
+                        &sequence[rows.first * dims.kv_width()
+                            ..(rows.first + dims.keys) * dims.kv_width()]
+                    })
+                    .copied()
+                    .collect()
+            })
+            .collect();
+        let from_rows = forward(Inputs {
+            dims,
+            query: &query,
+            key: &stored[0],
+            value: &stored[1],
+            key_rows: rows,
+            key_padding: None,
+        });
+        let from_packed = forward(Inputs {
+            dims,
+            query: &query,
+            key: &packed[0],
+            value: &packed[1],
+            key_rows: KeyRows::packed(&dims),
+            key_padding: None,
+        });
+        assert_eq!(from_rows.output, from_packed.output);
+        assert_eq!(from_rows.log_sum_exp, from_packed.log_sum_exp);
     }
 }

@@ -2,7 +2,12 @@
 //! parallel over query blocks, `O(seq)` memory forward and backward. The fused path takes it on
 //! ndarray and burn-flex (see [`AttentionPath::Fused`](crate::AttentionPath::Fused)).
 
+mod host_cache;
 pub mod kernel;
 mod op;
+mod simd;
 
-pub(crate) use op::{FlashInputs, causal_attention, supports};
+pub(crate) use host_cache::HostStorage;
+pub(crate) use op::{
+    CachedInputs, FlashInputs, cached_attention, causal_attention, keeps_host_cache, supports,
+};

@@ -20,6 +20,7 @@ use burn::backend::{Autodiff, Flex, NdArray};
 use burn::prelude::*;
 use burn::tensor::{Bool, DType, Element, TensorData, TensorPrimitive};
 
+use super::host_cache::{HostStorage, with_host_kv};
 use super::kernel::{self, Dims, Forward, Inputs, KernelFloat};
 
 /// The inputs of causal attention with the heads still side by side.
@@ -174,29 +175,26 @@ fn tracked<I: Backend, C: CheckpointStrategy, E: HostFloat>(
 trait HostFloat: KernelFloat + Element {}
 impl<E: KernelFloat + Element> HostFloat for E {}
 
-/// The inputs, copied to host memory.
+/// The inputs in host memory, as `E`.
 #[derive(Debug, Clone)]
 struct Host<E> {
     dims: Dims,
-    query: Vec<E>,
-    key: Vec<E>,
-    value: Vec<E>,
+    query: TensorData,
+    key: TensorData,
+    value: TensorData,
     key_padding: Option<Vec<bool>>,
+    element: PhantomData<E>,
 }
 
 impl<E: HostFloat> Host<E> {
-    /// Takes the tensors by value: burn-ndarray hands over a tensor's buffer without copying only
-    /// when nothing else holds it, and copies element by element (10× slower) otherwise.
+    /// Takes the tensors by value: burn-ndarray and burn-flex hand over a tensor's buffer without
+    /// copying when nothing else holds it (and copy otherwise). The data is kept as it came and
+    /// read in place: turning it into a `Vec<E>` would copy it again wherever the backend's
+    /// allocation is aligned beyond `E` (burn-flex's).
     fn download<B: Backend>(inputs: FlashInputs<B>) -> Self {
         let [batch, queries, width] = inputs.query.dims();
         let keys = inputs.key.dims()[1];
-        let floats = |tensor: Tensor<B, 3>| -> Vec<E> {
-            tensor
-                .into_data()
-                .convert::<E>()
-                .into_vec()
-                .expect("converted to E")
-        };
+        let floats = |tensor: Tensor<B, 3>| tensor.into_data().convert::<E>();
         Self {
             dims: Dims {
                 batch,
@@ -213,15 +211,20 @@ impl<E: HostFloat> Host<E> {
             key_padding: inputs
                 .key_padding
                 .map(|mask| mask.into_data().iter::<bool>().collect()),
+            element: PhantomData,
         }
     }
 
     fn inputs(&self) -> Inputs<'_, E> {
+        fn floats<E: HostFloat>(data: &TensorData) -> &[E] {
+            data.as_slice().expect("converted to E")
+        }
         Inputs {
             dims: self.dims,
-            query: &self.query,
-            key: &self.key,
-            value: &self.value,
+            query: floats::<E>(&self.query),
+            key: floats::<E>(&self.key),
+            value: floats::<E>(&self.value),
+            key_rows: kernel::KeyRows::packed(&self.dims),
             key_padding: self.key_padding.as_deref(),
         }
     }
@@ -299,4 +302,78 @@ impl<I: Backend, E: HostFloat> Backward<I, 3> for FlashBackward<E> {
             }
         }
     }
+}
+
+/// Whether the kernel reads `B`'s data in place between calls: a host backend of
+/// [`for_each_kernel_backend!`] without `Autodiff`. The cached path keeps its keys and values in
+/// host memory for those ([`HostStorage`]).
+pub(crate) fn keeps_host_cache<B: Backend>() -> bool {
+    let id = TypeId::of::<B>();
+    let mut found = false;
+    macro_rules! recognise {
+        ($inner:ty) => {
+            found |= id == TypeId::of::<$inner>();
+        };
+    }
+    for_each_kernel_backend!(recognise);
+    found
+}
+
+/// The inputs of a cached call on the kernel: the new queries, and the keys and values of a
+/// cache in host memory.
+///
+/// # Shapes
+/// - `query`: `[batch, queries, heads · head_dim]`
+/// - `cache`: `[batch, allocated, kv_heads · head_dim]`, positions `key_rows.first ..
+///   key_rows.first + keys` seen by this call's queries (the last of them the queries' own)
+/// - `key_padding`: `[batch, keys]`, `true` = padding
+pub(crate) struct CachedInputs<'a, B: Backend> {
+    pub query: Tensor<B, 3>,
+    pub cache: &'a HostStorage,
+    pub key_rows: kernel::KeyRows,
+    pub keys: usize,
+    pub heads: usize,
+    pub window: Option<usize>,
+    pub key_padding: Option<Tensor<B, 2, Bool>>,
+}
+
+/// Causal attention of new queries over a host cache on the CPU kernel.
+///
+/// # Shapes
+/// - output: `[batch, queries, heads · head_dim]`
+pub(crate) fn cached_attention<B: Backend>(inputs: CachedInputs<B>) -> Tensor<B, 3> {
+    let device = inputs.query.device();
+    let [batch, queries, width] = inputs.query.dims();
+    let query = inputs.query.into_data();
+    let key_padding: Option<Vec<bool>> = inputs
+        .key_padding
+        .map(|mask| mask.into_data().iter::<bool>().collect());
+    with_host_kv!(inputs.cache, kv => {
+        let query = query.convert_dtype(element_dtype(&kv.keys));
+        let query_floats = query.as_slice().expect("converted to the cache's precision");
+        let head_dim = width / inputs.heads;
+        let dims = Dims {
+            batch,
+            heads: inputs.heads,
+            kv_heads: kv.row / head_dim,
+            queries,
+            keys: inputs.keys,
+            head_dim,
+            window: inputs.window,
+        };
+        let forward = kernel::forward(Inputs {
+            dims,
+            query: query_floats,
+            key: &kv.keys,
+            value: &kv.values,
+            key_rows: inputs.key_rows,
+            key_padding: key_padding.as_deref(),
+        });
+        Tensor::from_data(TensorData::new(forward.output, [batch, queries, width]), &device)
+    })
+}
+
+/// The dtype of `E`, read off a buffer of it.
+fn element_dtype<E: Element>(_: &[E]) -> DType {
+    E::dtype()
 }

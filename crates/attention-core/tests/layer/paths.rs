@@ -81,6 +81,26 @@ fn cached_decoding_equals_full_forward<B: Backend>(device: &B::Device) {
                 &format!("case {i}: prefill {prefill} then steps, {path:?}"),
             );
         }
+        // Paths alternating step by step: on ndarray and flex the cache moves between host
+        // memory (the CPU kernel's) and tensors (the explicit path's) at every step.
+        let mut cache = layer.new_cache();
+        let alternating: Vec<_> = (0..seq)
+            .map(|t| {
+                let path = match t % 2 {
+                    0 => AttentionPath::Fused,
+                    _ => AttentionPath::Explicit,
+                };
+                let x = x.clone().slice([0..batch, t..t + 1]);
+                layer
+                    .forward_cached_with(AttentionInput::new(x).path(path), &mut cache)
+                    .unwrap()
+            })
+            .collect();
+        assert_close(
+            Tensor::cat(alternating, 1),
+            full.clone(),
+            &format!("case {i}: paths alternating step by step"),
+        );
         let mut cache = layer.new_cache();
         let chunks: Vec<_> = [0..2, 2..3, 3..seq]
             .into_iter()

@@ -1,0 +1,202 @@
+//! A key/value cache's storage in host memory, in the CPU kernel's layout: a decoding step on
+//! ndarray or burn-flex then reads the cached keys and values where they lie, instead of copying
+//! the cache out of a Burn tensor (and into Burn's attention op's layout) at every step.
+
+use std::ops::Range;
+
+use burn::prelude::*;
+use burn::tensor::{DType, TensorData};
+
+use super::kernel::KernelFloat;
+
+/// Keys and values of `batch` sequences, room for `allocated` positions each.
+///
+/// # Shapes
+/// - `keys`, `values`: `[batch, allocated, kv_heads · head_dim]`
+#[derive(Debug, Clone)]
+pub(crate) struct HostKv<E> {
+    pub keys: Vec<E>,
+    pub values: Vec<E>,
+    pub batch: usize,
+    pub allocated: usize,
+    /// `kv_heads · head_dim`, the elements of one position.
+    pub row: usize,
+}
+
+impl<E: KernelFloat> HostKv<E> {
+    fn zeros(batch: usize, allocated: usize, row: usize) -> Self {
+        let len = batch * allocated * row;
+        Self {
+            keys: vec![E::zero(); len],
+            values: vec![E::zero(); len],
+            batch,
+            allocated,
+            row,
+        }
+    }
+
+    /// New storage of `allocated` positions per sequence with slots `carried` of this one at
+    /// its front.
+    fn moved(&self, allocated: usize, carried: Range<usize>) -> Self {
+        let mut moved = Self::zeros(self.batch, allocated, self.row);
+        for (to, from) in [
+            (&mut moved.keys, &self.keys),
+            (&mut moved.values, &self.values),
+        ] {
+            for (to, from) in to
+                .chunks_mut(allocated * self.row)
+                .zip(from.chunks(self.allocated * self.row))
+            {
+                to[..carried.len() * self.row]
+                    .copy_from_slice(&from[carried.start * self.row..carried.end * self.row]);
+            }
+        }
+        moved
+    }
+
+    /// Writes `[batch, new, row]` keys and values at slots `at .. at + new`.
+    fn write(&mut self, at: usize, keys: &[E], values: &[E]) {
+        let new = keys.len() / (self.batch * self.row);
+        for (to, from) in [(&mut self.keys, keys), (&mut self.values, values)] {
+            for (to, from) in to
+                .chunks_mut(self.allocated * self.row)
+                .zip(from.chunks(new * self.row))
+            {
+                to[at * self.row..(at + new) * self.row].copy_from_slice(from);
+            }
+        }
+    }
+
+    /// Burn tensors of the same keys and values, in the layout of the tensor cache.
+    ///
+    /// # Shapes
+    /// - output: two `[batch, kv_heads, allocated, head_dim]`
+    fn to_tensors<B: Backend>(
+        &self,
+        kv_heads: usize,
+        device: &B::Device,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>)
+    where
+        E: burn::tensor::Element,
+    {
+        let shape = [self.batch, self.allocated, kv_heads, self.row / kv_heads];
+        let tensor = |data: &Vec<E>| {
+            Tensor::<B, 4>::from_data(TensorData::new(data.clone(), shape), device).swap_dims(1, 2)
+        };
+        (tensor(&self.keys), tensor(&self.values))
+    }
+}
+
+/// [`HostKv`] in the precision the kernel runs in for the layer's dtype (as
+/// [`super::op`] picks it: `f64` for `f64`, `f32` otherwise).
+#[derive(Debug, Clone)]
+pub(crate) enum HostStorage {
+    F32(HostKv<f32>),
+    F64(HostKv<f64>),
+}
+
+/// Runs `$body` with `$kv` bound to the [`HostKv`] inside a [`HostStorage`], whatever its
+/// precision.
+macro_rules! with_host_kv {
+    ($storage:expr, $kv:ident => $body:expr) => {
+        match $storage {
+            HostStorage::F32($kv) => $body,
+            HostStorage::F64($kv) => $body,
+        }
+    };
+}
+pub(crate) use with_host_kv;
+
+impl HostStorage {
+    /// Empty storage for `allocated` positions of `batch` sequences of `row` elements each, in
+    /// the precision the kernel uses for `dtype`.
+    pub fn zeros(dtype: DType, batch: usize, allocated: usize, row: usize) -> Self {
+        match dtype {
+            DType::F64 => Self::F64(HostKv::zeros(batch, allocated, row)),
+            _ => Self::F32(HostKv::zeros(batch, allocated, row)),
+        }
+    }
+
+    /// The keys and values of a tensor cache, moved to host memory.
+    ///
+    /// # Shapes
+    /// - `keys`, `values`: `[batch, kv_heads, allocated, head_dim]`
+    pub fn from_tensors<B: Backend>(keys: Tensor<B, 4>, values: Tensor<B, 4>) -> Self {
+        fn host<B: Backend, E: KernelFloat + burn::tensor::Element>(
+            keys: Tensor<B, 4>,
+            values: Tensor<B, 4>,
+        ) -> HostKv<E> {
+            let [batch, kv_heads, allocated, head_dim] = keys.dims();
+            let floats = |tensor: Tensor<B, 4>| {
+                tensor
+                    .swap_dims(1, 2)
+                    .into_data()
+                    .convert::<E>()
+                    .into_vec::<E>()
+                    .expect("converted to E")
+            };
+            HostKv {
+                keys: floats(keys),
+                values: floats(values),
+                batch,
+                allocated,
+                row: kv_heads * head_dim,
+            }
+        }
+        match keys.dtype() {
+            DType::F64 => Self::F64(host(keys, values)),
+            _ => Self::F32(host(keys, values)),
+        }
+    }
+
+    /// The same keys and values as Burn tensors, in the tensor cache's layout.
+    pub fn to_tensors<B: Backend>(
+        &self,
+        kv_heads: usize,
+        device: &B::Device,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        with_host_kv!(self, kv => kv.to_tensors::<B>(kv_heads, device))
+    }
+
+    pub fn batch(&self) -> usize {
+        with_host_kv!(self, kv => kv.batch)
+    }
+
+    pub fn allocated(&self) -> usize {
+        with_host_kv!(self, kv => kv.allocated)
+    }
+
+    /// See [`HostKv::moved`].
+    pub fn moved(&self, allocated: usize, carried: Range<usize>) -> Self {
+        match self {
+            Self::F32(kv) => Self::F32(kv.moved(allocated, carried)),
+            Self::F64(kv) => Self::F64(kv.moved(allocated, carried)),
+        }
+    }
+
+    /// Writes the new positions' keys and values at slots `at ..`.
+    ///
+    /// # Shapes
+    /// - `keys`, `values`: `[batch, new, kv_heads · head_dim]`
+    pub fn write<B: Backend>(&mut self, at: usize, keys: Tensor<B, 3>, values: Tensor<B, 3>) {
+        fn floats<B: Backend, E: KernelFloat + burn::tensor::Element>(
+            tensor: Tensor<B, 3>,
+        ) -> TensorData {
+            tensor.into_data().convert::<E>()
+        }
+        match self {
+            Self::F32(kv) => {
+                let [keys, values] = [keys, values].map(floats::<B, f32>);
+                kv.write(at, slice(&keys), slice(&values));
+            }
+            Self::F64(kv) => {
+                let [keys, values] = [keys, values].map(floats::<B, f64>);
+                kv.write(at, slice(&keys), slice(&values));
+            }
+        }
+    }
+}
+
+fn slice<E: burn::tensor::Element>(data: &TensorData) -> &[E] {
+    data.as_slice().expect("converted to E")
+}

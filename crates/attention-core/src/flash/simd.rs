@@ -1,0 +1,304 @@
+//! The kernel's inner loops at the CPU's full vector width: block products on `gemm`'s
+//! microkernels (AVX-512 where the CPU has it, chosen at run time), and the `f32` softmax loops
+//! (`max`, `exp(x − shift)` and its sum) compiled once per instruction set and picked at run time.
+//!
+//! Safe Rust here is compiled for baseline x86-64 (SSE2), and `matrixmultiply`'s `sgemm` stops
+//! at AVX2: on a CPU with two AVX-512 FMA ports both leave half the machine idle. This is the
+//! one module of the crate that opts into `unsafe` (README, "Contributing"): its public items
+//! take ndarray views and slices, check what the unsafe calls rely on, and are tested against
+//! the safe reference on sizes that are not multiples of the vector width.
+
+#![allow(unsafe_code)]
+
+use std::any::TypeId;
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{ArrayBase, Data, DataMut, Ix2};
+
+use super::kernel::KernelFloat;
+
+/// `out ← alpha · lhs · rhs + beta · out`, as [`general_mat_mul`] (which it replaces in the
+/// kernel), on `gemm` for `f32` and `f64`, single-threaded (the kernel's tasks are the
+/// parallelism). `beta = 0` never reads `out`.
+///
+/// # Shapes
+/// - `lhs`: `[m, k]`, `rhs`: `[k, n]`, `out`: `[m, n]`, any strides
+///
+/// # Panics
+/// When the shapes do not agree.
+pub(super) fn mat_mul<E: KernelFloat>(
+    alpha: E,
+    lhs: &ArrayBase<impl Data<Elem = E>, Ix2>,
+    rhs: &ArrayBase<impl Data<Elem = E>, Ix2>,
+    beta: E,
+    out: &mut ArrayBase<impl DataMut<Elem = E>, Ix2>,
+) {
+    let ([m, k], [k_rhs, n]) = (lhs.dim().into(), rhs.dim().into());
+    assert!(
+        k == k_rhs && out.dim() == (m, n),
+        "mat_mul of [{m}, {k}] by [{k_rhs}, {n}] into {:?}",
+        out.dim()
+    );
+    let is_gemm_float =
+        TypeId::of::<E>() == TypeId::of::<f32>() || TypeId::of::<E>() == TypeId::of::<f64>();
+    if !is_gemm_float || m == 0 || n == 0 || k == 0 {
+        // Empty products are ndarray's (gemm's handling of `k = 0` is not documented).
+        general_mat_mul(alpha, lhs, rhs, beta, out);
+        return;
+    }
+    let [lhs_rs, lhs_cs] = [lhs.strides()[0], lhs.strides()[1]];
+    let [rhs_rs, rhs_cs] = [rhs.strides()[0], rhs.strides()[1]];
+    let [out_rs, out_cs] = [out.strides()[0], out.strides()[1]];
+    let read_out = beta != E::zero();
+    // SAFETY: `gemm` reads `lhs[i, j]` at `lhs + i·lhs_rs + j·lhs_cs` for `i < m, j < k`, `rhs`
+    // likewise for `i < k, j < n`, and reads and writes `out` for `i < m, j < n`: exactly the
+    // elements of the three views, whose pointers and strides these are and whose shapes were
+    // checked to agree above; ndarray guarantees every element of a view lies in its buffer.
+    // `out` is a unique borrow, so it aliases neither input. `E` is `f32` or `f64` (checked
+    // above), types gemm implements. Parallelism::None: no thread outlives the call.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            out_cs,
+            out_rs,
+            read_out,
+            lhs.as_ptr(),
+            lhs_cs,
+            lhs_rs,
+            rhs.as_ptr(),
+            rhs_cs,
+            rhs_rs,
+            beta,
+            alpha,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// Runs `$body` (an expression over the arguments) compiled for the best instruction set the
+/// CPU has: AVX-512F, AVX2 + FMA, or baseline.
+macro_rules! dispatch {
+    (fn $name:ident($($arg:ident: $ty:ty),*) -> $out:ty = $body:path) => {
+        pub(super) fn $name($($arg: $ty),*) -> $out {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                fn avx512($($arg: $ty),*) -> $out {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) -> $out {
+                    $body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: `avx512` needs AVX-512F, which the CPU has (detected just above).
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: `avx2` needs AVX2 and FMA, which the CPU has (detected just above).
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
+dispatch!(fn max_f32(xs: &[f32]) -> f32 = portable::max);
+dispatch!(fn exp_shifted_sum_f32(xs: &mut [f32], shift: f32) -> f32 = portable::exp_shifted_sum);
+
+/// The bodies, written so that the compiler vectorizes them at whatever width the instruction
+/// set of the function they are inlined into allows (16 independent lanes, so that neither the
+/// max nor the sum is a serial chain).
+mod portable {
+    const LANES: usize = 16;
+
+    /// The largest element, `-inf` for none. NaN is not expected (scores are finite or `-inf`).
+    #[inline(always)]
+    pub fn max(xs: &[f32]) -> f32 {
+        let mut lanes = [f32::NEG_INFINITY; LANES];
+        let chunks = xs.chunks_exact(LANES);
+        let rest = chunks.remainder();
+        for chunk in chunks {
+            for (lane, &x) in lanes.iter_mut().zip(chunk) {
+                *lane = if x > *lane { x } else { *lane };
+            }
+        }
+        for (lane, &x) in lanes.iter_mut().zip(rest) {
+            *lane = if x > *lane { x } else { *lane };
+        }
+        lanes.into_iter().fold(f32::NEG_INFINITY, f32::max)
+    }
+
+    /// `x ← exp(x − shift)` for every element; returns their sum.
+    #[inline(always)]
+    pub fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 {
+        let mut lanes = [0.0f32; LANES];
+        let mut chunks = xs.chunks_exact_mut(LANES);
+        for chunk in &mut chunks {
+            for (lane, x) in lanes.iter_mut().zip(chunk) {
+                *x = exp(*x - shift);
+                *lane += *x;
+            }
+        }
+        for (lane, x) in lanes.iter_mut().zip(chunks.into_remainder()) {
+            *x = exp(*x - shift);
+            *lane += *x;
+        }
+        lanes.into_iter().sum()
+    }
+
+    /// `exp(x)` within 2 ulp of libm (Cephes' `expf` polynomial; tested), branch-free so that
+    /// it vectorizes; `std`'s `exp` is a scalar libm call, which would cost more than the block
+    /// products. Inputs below −87 (where `exp` leaves the normal range), `-inf` among them,
+    /// give 0.
+    #[inline(always)]
+    pub fn exp(x: f32) -> f32 {
+        const LN2_HI: f32 = 0.693_359_4;
+        const LN2_LO: f32 = -2.121_944_4e-4;
+        // 1.5 · 2²³: adding it rounds to an integer held in the low bits of the mantissa.
+        const SHIFTER: f32 = 12_582_912.0;
+        let clamped = x.clamp(-87.0, 88.0);
+        let shifted = clamped * std::f32::consts::LOG2_E + SHIFTER;
+        let n = shifted - SHIFTER;
+        let exponent = shifted.to_bits().wrapping_sub(SHIFTER.to_bits()) as i32;
+        let r = clamped - n * LN2_HI - n * LN2_LO;
+        let poly =
+            ((((1.987_569_2e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+                + 1.666_666_5e-1)
+                * r
+                + 0.5;
+        let y = (poly * r * r + r + 1.0) * f32::from_bits(((exponent + 127) << 23) as u32);
+        if x < -87.0 { 0.0 } else { y }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{Array2, ShapeBuilder};
+
+    /// Deterministic values in [-4, 4).
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9) | 1;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                (state >> 8) as f32 / (1u32 << 24) as f32 * 8.0 - 4.0
+            })
+            .collect()
+    }
+
+    /// Every length from 0 to 3 vector widths and a few beyond, so that every remainder of a
+    /// 16-lane loop is run, on the dispatched path and the portable one.
+    const LENGTHS: [usize; 8] = [0, 1, 7, 15, 16, 17, 47, 130];
+
+    #[test]
+    fn max_is_the_largest_element_at_every_length() {
+        for len in LENGTHS {
+            let mut xs = values(len, len as u32);
+            if len > 3 {
+                xs[len / 2] = f32::NEG_INFINITY;
+            }
+            let expected = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(max_f32(&xs), expected, "length {len}");
+            assert_eq!(portable::max(&xs), expected, "length {len}");
+        }
+    }
+
+    #[test]
+    fn exp_shifted_sum_matches_libm_at_every_length() {
+        for len in LENGTHS {
+            let xs = values(len, 7 + len as u32);
+            let shift = 1.5;
+            let mut dispatched = xs.clone();
+            let sum = exp_shifted_sum_f32(&mut dispatched, shift);
+            let mut portable_xs = xs.clone();
+            let portable_sum = portable::exp_shifted_sum(&mut portable_xs, shift);
+            let mut expected_sum = 0.0f64;
+            for ((&x, &got), &portable) in xs.iter().zip(&dispatched).zip(&portable_xs) {
+                let expected = (x - shift).exp();
+                expected_sum += expected as f64;
+                assert!(
+                    (got - expected).abs() <= 2.0 * f32::EPSILON * expected,
+                    "{x}: {got}"
+                );
+                assert_eq!(
+                    got, portable,
+                    "the dispatched and portable bodies round alike"
+                );
+            }
+            assert!(
+                (sum as f64 - expected_sum).abs() <= 1e-5 * expected_sum.max(1.0),
+                "sum at {len}"
+            );
+            assert!((portable_sum - sum).abs() <= 1e-5 * sum.max(1.0));
+        }
+    }
+
+    #[test]
+    fn fast_exp_is_within_two_ulp_of_libm() {
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (fast, exact) = (portable::exp(x), (x as f64).exp());
+            let ulp = (exact as f32).to_bits().abs_diff(fast.to_bits());
+            assert!(ulp <= 2, "exp({x}) = {fast}, libm {exact} ({ulp} ulp)");
+            x += 0.0137;
+        }
+        assert_eq!(portable::exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(portable::exp(-100.0), 0.0);
+        assert_eq!(portable::exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn exp_of_masked_scores_is_zero() {
+        let mut xs = vec![f32::NEG_INFINITY, -100.0, -87.5, 0.0];
+        let sum = exp_shifted_sum_f32(&mut xs, 0.0);
+        assert_eq!(&xs[..3], &[0.0; 3]);
+        assert_eq!((xs[3], sum), (1.0, 1.0));
+    }
+
+    /// `mat_mul` against ndarray's `general_mat_mul` on odd sizes, row- and column-major and
+    /// strided views, for `beta` 0 (the output's old values, NaN here, are not read) and 1.
+    #[test]
+    fn mat_mul_matches_general_mat_mul_on_every_layout() {
+        for (m, k, n) in [
+            (1, 1, 1),
+            (3, 5, 7),
+            (17, 64, 33),
+            (64, 64, 128),
+            (65, 19, 130),
+        ] {
+            let lhs = Array2::from_shape_vec((m, k), values(m * k, 1)).unwrap();
+            let rhs_t = Array2::from_shape_vec((n, k), values(n * k, 2)).unwrap();
+            // A wider buffer viewed by columns: strided rows, as the kernel's key blocks are.
+            let wide = Array2::from_shape_vec((k, 2 * n).f(), values(2 * n * k, 3)).unwrap();
+            let rhs_strided = wide.slice(ndarray::s![.., ..;2]);
+            for rhs in [rhs_t.t(), rhs_strided] {
+                for beta in [0.0f32, 1.0] {
+                    let start = if beta == 0.0 { f32::NAN } else { 0.5 };
+                    let mut expected = Array2::from_elem((m, n), 0.5f32);
+                    general_mat_mul(0.25, &lhs.view(), &rhs, beta, &mut expected);
+                    let mut got = Array2::from_elem((m, n), start);
+                    mat_mul(0.25, &lhs.view(), &rhs, beta, &mut got.view_mut());
+                    for (g, e) in got.iter().zip(&expected) {
+                        assert!(
+                            (g - e).abs() <= 1e-5 * (1.0 + e.abs()),
+                            "{m}x{k}x{n}: {g} vs {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
