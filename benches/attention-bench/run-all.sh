@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measures everything BENCHMARKS.md reports, in one run, into one JSON-lines file:
 # our runner for every backend × implementation × mode, and PyTorch (ref, sdpa) beside it.
-#   benches/attention-bench/run-all.sh results.jsonl
+#   benches/attention-bench/run-all.sh results.jsonl     # also results-rounds.jsonl (run-rounds.sh)
 # Needs: a release build (cargo build --release -p attention-bench), PyTorch in ~/torch-venv
 # (see ../shared/peers/README.md), and for wgpu a Vulkan adapter.
 set -uo pipefail
@@ -39,6 +39,9 @@ for backend in ndarray flex wgpu; do
     done
   done
 done
+# The CPU targets' figures: ours and PyTorch interleaved shape by shape, 1 and 2 threads, 3 rounds
+# (min–max of the per-round medians and per-round ratios: rounds.py).
+RUNNER="$runner" "$root/benches/attention-bench/run-rounds.sh" "${out%.jsonl}-rounds.jsonl" 3
 # Long context: forward at 16k and forward+backward at 4k tokens, best CPU path.
 timeout 900 "$runner" --backend flex --impl fused --mode fwd --repeats 1 --warmup 0 --shape 1x16384x768x12 >> "$out"
 timeout 900 "$runner" --backend flex --impl fused --mode fwdbwd --repeats 1 --warmup 0 --shape 1x4096x768x12 >> "$out"
