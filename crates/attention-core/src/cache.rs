@@ -265,7 +265,7 @@ impl<B: Backend> KvCache<B> {
         };
         let old = self.storage.take().map(|storage| match storage {
             Storage::Tensors(keys, values) => (keys, values),
-            Storage::Host(host) => host.to_tensors(self.heads, &keys.device()),
+            Storage::Host(host) => host.into_tensors(self.heads, &keys.device()),
         });
         let (all_keys, all_values) = match old {
             Some((keys, values)) if !plan.compact && keys.dims()[2] >= plan.allocate => {

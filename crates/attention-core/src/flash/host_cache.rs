@@ -71,8 +71,8 @@ impl<E: KernelFloat> HostKv<E> {
     ///
     /// # Shapes
     /// - output: two `[batch, kv_heads, allocated, head_dim]`
-    fn to_tensors<B: Backend>(
-        &self,
+    fn into_tensors<B: Backend>(
+        self,
         kv_heads: usize,
         device: &B::Device,
     ) -> (Tensor<B, 4>, Tensor<B, 4>)
@@ -80,10 +80,10 @@ impl<E: KernelFloat> HostKv<E> {
         E: burn::tensor::Element,
     {
         let shape = [self.batch, self.allocated, kv_heads, self.row / kv_heads];
-        let tensor = |data: &Vec<E>| {
-            Tensor::<B, 4>::from_data(TensorData::new(data.clone(), shape), device).swap_dims(1, 2)
+        let tensor = |data: Vec<E>| {
+            Tensor::<B, 4>::from_data(TensorData::new(data, shape), device).swap_dims(1, 2)
         };
-        (tensor(&self.keys), tensor(&self.values))
+        (tensor(self.keys), tensor(self.values))
     }
 }
 
@@ -150,12 +150,12 @@ impl HostStorage {
     }
 
     /// The same keys and values as Burn tensors, in the tensor cache's layout.
-    pub fn to_tensors<B: Backend>(
-        &self,
+    pub fn into_tensors<B: Backend>(
+        self,
         kv_heads: usize,
         device: &B::Device,
     ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        with_host_kv!(self, kv => kv.to_tensors::<B>(kv_heads, device))
+        with_host_kv!(self, kv => kv.into_tensors::<B>(kv_heads, device))
     }
 
     pub fn batch(&self) -> usize {

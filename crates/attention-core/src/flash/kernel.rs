@@ -245,7 +245,24 @@ pub struct Inputs<'a, E> {
     pub key_padding: Option<&'a [bool]>,
 }
 
-impl<E: KernelFloat> Inputs<'_, E> {
+impl<'a, E: KernelFloat> Inputs<'a, E> {
+    /// The inputs of a call whose key and value buffers hold exactly its `keys` rows per
+    /// sequence.
+    pub fn packed(
+        dims: Dims,
+        [query, key, value]: [&'a [E]; 3],
+        key_padding: Option<&'a [bool]>,
+    ) -> Self {
+        Self {
+            dims,
+            query,
+            key,
+            value,
+            key_rows: KeyRows::packed(&dims),
+            key_padding,
+        }
+    }
+
     /// Checks that every buffer has the length its shape says.
     fn check(&self) {
         let dims = self.dims;
@@ -286,7 +303,7 @@ impl<E: KernelFloat> Inputs<'_, E> {
 
     /// The `[keys, head_dim]` view of key/value head `kv_head` of sequence `batch` in `data`
     /// (the key or the value buffer).
-    fn key_view<'a>(&self, data: &'a [E], batch: usize, kv_head: usize) -> ArrayView2<'a, E> {
+    fn key_view<'d>(&self, data: &'d [E], batch: usize, kv_head: usize) -> ArrayView2<'d, E> {
         let (dims, rows) = (self.dims, self.key_rows);
         let start =
             ((batch * rows.per_sequence + rows.first) * dims.kv_heads + kv_head) * dims.head_dim;
@@ -365,9 +382,7 @@ pub fn forward<E: KernelFloat>(inputs: Inputs<E>) -> Forward<E> {
         };
     }
     // Each task owns the rows of one block of queries of one sequence, all heads: a contiguous
-    // stretch of the output and of the log-sum-exp. Under the causal mask later blocks see more
-    // keys; they are dealt first, so that the tasks left when threads run out of work are the
-    // small ones.
+    // stretch of the output and of the log-sum-exp.
     output
         .par_chunks_mut(dims.queries * width)
         .zip(log_sum_exp.par_chunks_mut(dims.queries * dims.heads))
@@ -377,7 +392,6 @@ pub fn forward<E: KernelFloat>(inputs: Inputs<E>) -> Forward<E> {
                 .par_chunks_mut(QUERY_BLOCK * width)
                 .zip(log_sum_exp.par_chunks_mut(QUERY_BLOCK * dims.heads))
                 .enumerate()
-                .rev()
                 .map(move |(block, chunks)| (batch, block * QUERY_BLOCK, chunks))
         })
         .for_each(|(batch, first_query, (output, log_sum_exp))| {
@@ -922,14 +936,7 @@ mod tests {
             values(dims.key_len(), 3),
             values(dims.query_len(), 4), // the output's gradient
         ];
-        let inputs = Inputs {
-            dims,
-            query: &data[0],
-            key: &data[1],
-            value: &data[2],
-            key_rows: KeyRows::packed(&dims),
-            key_padding: key_padding.as_deref(),
-        };
+        let inputs = Inputs::packed(dims, [&data[0], &data[1], &data[2]], key_padding.as_deref());
         let expected = reference(&inputs, &data[3]);
         let padding = key_padding.as_deref();
         check_in::<f64>(dims, padding, &data, &expected, [1e-12, 1e-12]);
@@ -950,14 +957,7 @@ mod tests {
             .each_ref()
             .map(|xs| xs.iter().map(|&x| E::from(x).unwrap()).collect::<Vec<E>>());
         let widen = |xs: &[E]| xs.iter().map(|x| x.to_f64().unwrap()).collect::<Vec<f64>>();
-        let inputs = Inputs {
-            dims,
-            query: &query,
-            key: &key,
-            value: &value,
-            key_rows: KeyRows::packed(&dims),
-            key_padding,
-        };
+        let inputs = Inputs::packed(dims, [&query, &key, &value], key_padding);
         let forward = super::forward(inputs);
         let error = max_error(&widen(&forward.output), expected);
         assert!(
@@ -1138,14 +1138,7 @@ mod tests {
             });
             let padding: Option<Vec<bool>> =
                 padding.then(|| (0..dims.batch * dims.keys).map(|i| i % 7 == 3).collect());
-            let inputs = Inputs {
-                dims,
-                query: &query,
-                key: &key,
-                value: &value,
-                key_rows: KeyRows::packed(&dims),
-                key_padding: padding.as_deref(),
-            };
+            let inputs = Inputs::packed(dims, [&query, &key, &value], padding.as_deref());
             let mut by_head = [
                 vec![0.0; dims.query_len()],
                 vec![f32::NEG_INFINITY; dims.batch * dims.queries * dims.heads],
@@ -1211,14 +1204,7 @@ mod tests {
             key_rows: rows,
             key_padding: None,
         });
-        let from_packed = forward(Inputs {
-            dims,
-            query: &query,
-            key: &packed[0],
-            value: &packed[1],
-            key_rows: KeyRows::packed(&dims),
-            key_padding: None,
-        });
+        let from_packed = forward(Inputs::packed(dims, [&query, &packed[0], &packed[1]], None));
         assert_eq!(from_rows.output, from_packed.output);
         assert_eq!(from_rows.log_sum_exp, from_packed.log_sum_exp);
     }

@@ -219,14 +219,8 @@ impl<E: HostFloat> Host<E> {
         fn floats<E: HostFloat>(data: &TensorData) -> &[E] {
             data.as_slice().expect("converted to E")
         }
-        Inputs {
-            dims: self.dims,
-            query: floats::<E>(&self.query),
-            key: floats::<E>(&self.key),
-            value: floats::<E>(&self.value),
-            key_rows: kernel::KeyRows::packed(&self.dims),
-            key_padding: self.key_padding.as_deref(),
-        }
+        let buffers = [&self.query, &self.key, &self.value].map(floats::<E>);
+        Inputs::packed(self.dims, buffers, self.key_padding.as_deref())
     }
 
     fn query_shape(&self) -> [usize; 3] {
