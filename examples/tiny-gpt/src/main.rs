@@ -149,6 +149,7 @@ impl ReplicaFlags {
 }
 
 fn main() -> ExitCode {
+    parallel::quiet_logging();
     let outcome = match Cli::parse().command {
         Command::Train {
             backend,

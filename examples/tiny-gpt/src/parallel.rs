@@ -7,13 +7,14 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use burn::collective::{self, CollectiveConfig, PeerId, ReduceOperation};
-use burn::module::{ModuleMapper, Param, ParamId};
+use burn::collective::{self, CollectiveConfig, CollectiveError, PeerId, ReduceOperation};
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn::tensor::backend::AutodiffBackend;
 use thiserror::Error;
+use tracing_subscriber::EnvFilter;
 
 /// Why the replicas could not train together.
 #[derive(Debug, Error)]
@@ -55,6 +56,19 @@ pub enum ParallelError {
         operation: &'static str,
         /// The collective's error.
         reason: String,
+    },
+    /// The collective lost its connection to another node mid-operation.
+    #[error(
+        "peer {peer}: the collective failed to {operation}: the connection to {nodes} broke \
+         (it died or left early)"
+    )]
+    LostNode {
+        /// The peer.
+        peer: usize,
+        /// `all-reduce the loss`, …
+        operation: &'static str,
+        /// The other nodes.
+        nodes: String,
     },
     /// A replica thread of this process ended without a result.
     #[error("peer {peer} panicked: {message}")]
@@ -117,11 +131,7 @@ impl Topology {
     /// Whom a stalled step waits for: the other nodes, or this process's other peers.
     pub fn waiting_for(&self) -> String {
         if self.nodes > 1 {
-            let others: Vec<String> = (0..self.nodes)
-                .filter(|&rank| rank != self.rank)
-                .map(|rank| rank.to_string())
-                .collect();
-            format!("node rank {}", others.join(", "))
+            other_nodes(self.nodes, self.rank)
         } else {
             "a peer".into()
         }
@@ -240,6 +250,44 @@ impl Topology {
     }
 }
 
+/// Logs warnings and errors on stderr (`RUST_LOG` shows more), and reports a panic of the
+/// collective's network tasks as one warning.
+///
+/// Installed before anything else: the collective's network layer otherwise installs its own
+/// logger when it starts, at INFO on stdout, one line for every tensor it sends. Its tasks (the
+/// only tokio tasks of this program) panic when a connection to another node breaks; the replica
+/// waiting on them then fails with an error naming the node, so their backtraces are noise.
+pub fn quiet_logging() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    // Fails only if a logger is already installed, which then stays.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name() == Some("tokio-rt-worker") {
+            let message = panic_message(info.payload());
+            let location = info
+                .location()
+                .map(|l| format!(" at {l}"))
+                .unwrap_or_default();
+            tracing::warn!("the collective's network task failed{location}: {message}");
+        } else {
+            default_hook(info);
+        }
+    }));
+}
+
+/// A panic's message, from its payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
 /// Serves the collective's global orchestrator on `port` until the process ends.
 pub fn run_orchestrator(port: u16) {
     tokio::runtime::Builder::new_multi_thread()
@@ -255,6 +303,15 @@ pub fn port_free(what: &'static str, port: u16) -> Result<(), ParallelError> {
     TcpListener::bind(("0.0.0.0", port))
         .map(drop)
         .map_err(|source| ParallelError::PortInUse { what, port, source })
+}
+
+/// `node rank 1, 2`: the nodes other than `rank` of `nodes`.
+fn other_nodes(nodes: usize, rank: usize) -> String {
+    let others: Vec<String> = (0..nodes)
+        .filter(|&other| other != rank)
+        .map(|other| other.to_string())
+        .collect();
+    format!("node rank {}", others.join(", "))
 }
 
 fn port_of(flag: &'static str, address: &str) -> Result<u16, ParallelError> {
@@ -275,6 +332,8 @@ pub struct Peer {
     pub index: usize,
     /// The processes the replicas run in.
     nodes: usize,
+    /// The rank of this one among them.
+    rank: usize,
 }
 
 impl Peer {
@@ -287,6 +346,7 @@ impl Peer {
         let peer = Self {
             index,
             nodes: topology.nodes,
+            rank: topology.rank,
         };
         let config = topology.collective_config()?;
         collective::register::<B::InnerBackend>(peer.id(), device.clone(), config)
@@ -298,7 +358,22 @@ impl Peer {
         PeerId::from(self.index as u32)
     }
 
-    fn failed(self, operation: &'static str, error: impl std::fmt::Debug) -> ParallelError {
+    fn failed(self, operation: &'static str, error: CollectiveError) -> ParallelError {
+        // Across processes a broken connection to another node ends the collective's server (a
+        // panic in its network task), or comes back as `PeerLost` (its error type is not
+        // exported; the variant's name is in its debug form).
+        let lost = match &error {
+            CollectiveError::LocalServerMissing => true,
+            CollectiveError::Global(global) => format!("{global:?}").starts_with("PeerLost"),
+            _ => false,
+        };
+        if self.nodes > 1 && lost {
+            return ParallelError::LostNode {
+                peer: self.index,
+                operation,
+                nodes: other_nodes(self.nodes, self.rank),
+            };
+        }
         ParallelError::Collective {
             peer: self.index,
             operation,
@@ -306,40 +381,60 @@ impl Peer {
         }
     }
 
-    /// The mean of `loss` over all replicas.
-    pub fn mean_loss<B: AutodiffBackend>(
+    /// The loss and the gradients averaged over all replicas, in one all-reduce.
+    ///
+    /// Every parameter's gradient is flattened into one vector in the order `model` visits its
+    /// parameters (the same in every process running the same model; a parameter without a
+    /// gradient counts as zeros), the loss appended, and the vector averaged: one round of
+    /// messages per step instead of one per parameter, and nothing paired by `ParamId` (Burn
+    /// draws those at random, so they differ between processes).
+    pub fn mean_step<B: AutodiffBackend, M: AutodiffModule<B>>(
         self,
+        model: &M,
         loss: f64,
+        mut grads: GradientsParams,
         device: &B::Device,
-    ) -> Result<f64, ParallelError> {
-        // One copy per node: across nodes the collective's ring all-reduce splits a tensor into
-        // one slice per node, and refuses a tensor smaller than that.
-        let copies = vec![loss; self.nodes];
-        let tensor = Tensor::<B::InnerBackend, 1>::from_floats(copies.as_slice(), device);
-        let mean = collective::all_reduce::<B::InnerBackend>(
-            self.id(),
-            tensor.into_primitive().tensor(),
-            ReduceOperation::Mean,
-        )
-        .map_err(|e| self.failed("all-reduce the loss", e))?;
-        let mean = Tensor::<B::InnerBackend, 1>::from_primitive(TensorPrimitive::Float(mean));
-        Ok(mean.narrow(0, 0, 1).into_scalar().elem())
-    }
-
-    /// The gradients averaged over all replicas.
-    pub fn mean_gradients<B: AutodiffBackend>(
-        self,
-        grads: GradientsParams,
-    ) -> Result<GradientsParams, ParallelError> {
-        grads
-            .all_reduce::<B::InnerBackend>(self.id(), ReduceOperation::Mean)
-            .map_err(|e| self.failed("all-reduce the gradients", e))
+    ) -> Result<(f64, GradientsParams), ParallelError> {
+        let mut flatten = Flatten::<B> {
+            grads: &mut grads,
+            parts: Vec::new(),
+            device: device.clone(),
+        };
+        model.visit(&mut flatten);
+        let mut parts = flatten.parts;
+        parts.push(Tensor::full([1], loss, device));
+        let mean = self.mean(Tensor::cat(parts, 0), "all-reduce the loss and gradients")?;
+        let length = mean.dims()[0];
+        let loss = mean.clone().narrow(0, length - 1, 1).into_scalar().elem();
+        model.visit(&mut Unflatten::<B> {
+            mean,
+            offset: 0,
+            grads: &mut grads,
+        });
+        Ok((loss, grads))
     }
 
     /// Returns once every replica has called it: a replica that has finished its last
     /// all-reduce no longer needs the others.
     pub fn barrier<B: AutodiffBackend>(self, device: &B::Device) -> Result<(), ParallelError> {
-        self.mean_loss::<B>(0.0, device).map(drop)
+        // One element per node: across nodes the collective's ring all-reduce splits a tensor
+        // into one slice per node, and refuses a tensor smaller than that.
+        let zeros = Tensor::<B::InnerBackend, 1>::zeros([self.nodes], device);
+        self.mean(zeros, "wait for the others at the end").map(drop)
+    }
+
+    fn mean<B: Backend>(
+        self,
+        tensor: Tensor<B, 1>,
+        operation: &'static str,
+    ) -> Result<Tensor<B, 1>, ParallelError> {
+        let mean = collective::all_reduce::<B>(
+            self.id(),
+            tensor.into_primitive().tensor(),
+            ReduceOperation::Mean,
+        )
+        .map_err(|e| self.failed(operation, e))?;
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(mean)))
     }
 
     /// Leaves the collective.
@@ -349,30 +444,41 @@ impl Peer {
     }
 }
 
-/// Numbers a module's parameters in the order they are visited.
-///
-/// `GradientsParams::all_reduce` reduces the gradients in the order of their `ParamId`s, and
-/// Burn draws those at random: two processes initialising the same model from the same seed get
-/// the same values but different ids, so they would average different parameters with each other
-/// (silently, where two have the same shape). Ids from the parameters' order make the order
-/// the same everywhere.
-pub struct NumberParameters {
-    next: u64,
+/// Takes a step's gradients out of `grads` into flat parts, in the model's parameter order.
+struct Flatten<'a, B: AutodiffBackend> {
+    grads: &'a mut GradientsParams,
+    parts: Vec<Tensor<B::InnerBackend, 1>>,
+    device: B::Device,
 }
 
-impl NumberParameters {
-    /// `module` with parameter ids `0, 1, 2, …` in visiting order.
-    pub fn apply<B: Backend, M: Module<B>>(module: M) -> M {
-        module.map(&mut Self { next: 0 })
+impl<B: AutodiffBackend> ModuleVisitor<B> for Flatten<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let grad = self
+            .grads
+            .remove::<B::InnerBackend, D>(param.id)
+            .unwrap_or_else(|| Tensor::zeros(param.val().shape(), &self.device));
+        self.parts.push(grad.reshape([-1]));
     }
 }
 
-impl<B: Backend> ModuleMapper<B> for NumberParameters {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let (_, tensor, mapper) = param.consume();
-        let id = ParamId::from(self.next);
-        self.next += 1;
-        Param::from_mapped_value(id, tensor, mapper)
+/// Puts the averaged gradients back into `grads`, in the order [`Flatten`] took them.
+struct Unflatten<'a, B: AutodiffBackend> {
+    mean: Tensor<B::InnerBackend, 1>,
+    offset: usize,
+    grads: &'a mut GradientsParams,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Unflatten<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let shape = param.val().shape();
+        let length = shape.num_elements();
+        let grad = self
+            .mean
+            .clone()
+            .narrow(0, self.offset, length)
+            .reshape(shape);
+        self.grads.register::<B::InnerBackend, D>(param.id, grad);
+        self.offset += length;
     }
 }
 

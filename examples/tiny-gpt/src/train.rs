@@ -7,7 +7,7 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use burn::collective;
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
@@ -19,7 +19,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use thiserror::Error;
 
-use crate::parallel::{Heartbeat, NumberParameters, ParallelError, Peer, Topology};
+use crate::parallel::{Heartbeat, ParallelError, Peer, Topology, panic_message};
 use crate::{corpus, plot};
 
 /// Training settings (the command line's).
@@ -249,7 +249,8 @@ pub fn train<B: AutodiffBackend>(
     B::seed(device, settings.seed);
     // Every process draws the same initial values from the seed; numbered parameters make the
     // collective reduce them in the same order everywhere.
-    let model = NumberParameters::apply(config.init::<B>(device));
+    let model = config.init::<B>(device);
+    model.visit(&mut InitializeNow);
     if writes_checkpoint {
         println!(
             "training on {backend}: {} layers, d_model {}, {} heads, context {context}, batch {}, {} steps, corpus {} bytes (unigram loss {:.3}){}",
@@ -263,9 +264,13 @@ pub fn train<B: AutodiffBackend>(
             replicas_note(topology),
         );
     } else {
+        let replicas = match topology.peers {
+            1 => "1 replica".to_string(),
+            peers => format!("{peers} replicas"),
+        };
         println!(
-            "node {} of {}: {} replicas on {backend}; rank 0 reports the loss and writes the checkpoint",
-            topology.rank, topology.nodes, topology.peers
+            "node {} of {}: {replicas} on {backend}; rank 0 reports the loss and writes the checkpoint",
+            topology.rank, topology.nodes
         );
     }
     let trained = if topology.is_parallel() {
@@ -334,11 +339,9 @@ fn run_peers<B: AutodiffBackend>(
                     .map_err(TrainError::from)
                     .and_then(|peer| {
                         let trained = replica(&job, index, Some(peer), model, &device)?;
-                        // Leaving closes this node's data service, which the other nodes may
-                        // still read; across processes the process's end closes it instead.
-                        if job.topology.nodes == 1 {
-                            peer.finish::<B>()?;
-                        }
+                        // After the replica's last barrier nobody reads this node's data service:
+                        // leaving closes its connections with a goodbye, not a reset.
+                        peer.finish::<B>()?;
                         Ok(trained)
                     });
                 // The receiver is gone only when the run has already failed.
@@ -382,14 +385,6 @@ fn run_peers<B: AutodiffBackend>(
         }
     }
     Ok(kept)
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// One replica's training: its share of every global batch, its gradients averaged with the
@@ -465,9 +460,8 @@ fn replica_with<B: AutodiffBackend, O: Optimizer<GptModel<B>, B>>(
         let mut value = loss.clone().into_scalar().elem::<f64>();
         let mut grads = GradientsParams::from_grads(loss.backward(), &model);
         if let Some(peer) = peer {
-            // The loss first, so that every replica sees the same value and stops together.
-            value = peer.mean_loss::<B>(value, device)?;
-            grads = peer.mean_gradients::<B>(grads)?;
+            // Every replica then sees the same loss, and stops together if it is not finite.
+            (value, grads) = peer.mean_step(&model, value, grads, device)?;
         }
         if !value.is_finite() {
             progress.abandon();
@@ -512,4 +506,17 @@ fn replica_with<B: AutodiffBackend, O: Optimizer<GptModel<B>, B>>(
         train_curve,
         valid_curve,
     }))
+}
+
+/// Initialises every parameter of a module now, in the order the module visits them.
+///
+/// Burn initialises a parameter lazily, from the global random generator, when it is first
+/// used: the values would depend on the order a forward pass touches them, and each replica's
+/// copy of a model not yet initialised would draw its own values.
+struct InitializeNow;
+
+impl<B: Backend> ModuleVisitor<B> for InitializeNow {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        param.val();
+    }
 }
