@@ -150,8 +150,9 @@ impl Topology {
                 .parse()
                 .expect("an address parses")
         };
-        // Not the default ring: it splits every tensor into one slice per node and refuses
-        // smaller ones (the loss, a scalar; a width-1 bias).
+        // Burn's default strategy across nodes, the ring, splits every tensor into one slice per
+        // node and refuses a smaller one: the step's one vector and the barrier's one element per
+        // node are both large enough.
         Ok(config
             .with_num_nodes(self.nodes as u32)
             .with_global_address(ws(orchestrator))
