@@ -52,9 +52,10 @@ pub enum CheckpointError {
         /// What is wrong.
         source: GptConfigError,
     },
-    /// `model.safetensors` could not be read.
+    /// A file of the checkpoint could not be read (absent, not a regular file, too large for a
+    /// config, a malformed `model.safetensors`).
     #[error(transparent)]
-    Weights(#[from] FileError),
+    File(#[from] FileError),
     /// The weights lack a tensor the config implies.
     #[error("{path}: no tensor `{key}`, which config.json implies ({fields})")]
     MissingTensor {
@@ -126,7 +127,7 @@ pub enum CheckpointError {
 /// passes here: [`load`] then names the tensor that disagrees with it.
 pub fn load_config(dir: &Path) -> Result<GptConfig, CheckpointError> {
     let path = dir.join(CONFIG_FILE);
-    if !path.is_file() {
+    if std::fs::metadata(&path).is_err() {
         return Err(CheckpointError::NotACheckpoint {
             dir: dir.to_path_buf(),
             file: CONFIG_FILE,
@@ -136,15 +137,8 @@ pub fn load_config(dir: &Path) -> Result<GptConfig, CheckpointError> {
         path: path.clone(),
         problem,
     };
-    let size = std::fs::metadata(&path)
-        .map_err(|e| config_error(e.to_string()))?
-        .len();
-    if size > MAX_CONFIG_BYTES {
-        return Err(config_error(format!(
-            "{size} bytes is too large for a config"
-        )));
-    }
-    let text = std::fs::read_to_string(&path).map_err(|e| config_error(e.to_string()))?;
+    // A FIFO or a device in its place is refused, not waited on; so is an oversized file.
+    let text = tensor_files::read_text(&path, MAX_CONFIG_BYTES)?;
     let config: GptConfig = serde_json::from_str(&text).map_err(|e| config_error(e.to_string()))?;
     match config.validate() {
         Ok(()) | Err(GptConfigError::Overflow) => Ok(config),
@@ -156,7 +150,7 @@ pub fn load_config(dir: &Path) -> Result<GptConfig, CheckpointError> {
 pub fn load<B: Backend>(dir: &Path, device: &B::Device) -> Result<GptModel<B>, CheckpointError> {
     let config = load_config(dir)?;
     let path = dir.join(WEIGHTS_FILE);
-    if !path.is_file() {
+    if std::fs::metadata(&path).is_err() {
         return Err(CheckpointError::NotACheckpoint {
             dir: dir.to_path_buf(),
             file: WEIGHTS_FILE,

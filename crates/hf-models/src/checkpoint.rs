@@ -12,6 +12,7 @@ use burn::nn::{
     RmsNormConfig,
 };
 use burn::prelude::*;
+use tensor_files::{FileError, MAX_JSON_BYTES};
 use thiserror::Error;
 
 use crate::config::{ConfigError, ModelConfig, SpecialTokens};
@@ -19,14 +20,10 @@ use crate::config::{ConfigError, ModelConfig, SpecialTokens};
 /// Why a checkpoint directory could not be loaded.
 #[derive(Debug, Error)]
 pub enum LoadError {
-    /// A file could not be read.
-    #[error("cannot read {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    /// A file could not be read: absent, not a regular file (a FIFO would block the reader
+    /// forever), or larger than a JSON file is read.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// `config.json` is invalid or asks for something not implemented.
     #[error("{path}: {source}")]
     Config {
@@ -79,7 +76,7 @@ pub fn read_special_tokens(dir: &Path) -> Result<SpecialTokens, LoadError> {
     let mut tokens = SpecialTokens::default();
     for name in ["config.json", "generation_config.json"] {
         let path = dir.join(name);
-        if name == "generation_config.json" && !path.is_file() {
+        if name == "generation_config.json" && !exists(&path) {
             continue;
         }
         let text = read_text(&path)?;
@@ -94,11 +91,11 @@ pub fn read_special_tokens(dir: &Path) -> Result<SpecialTokens, LoadError> {
 /// `model.safetensors.index.json` names.
 pub fn read_weights(dir: &Path) -> Result<StateDict, LoadError> {
     let single = dir.join("model.safetensors");
-    if single.is_file() {
+    if exists(&single) {
         return Ok(StateDict::load(&single)?);
     }
     let index = dir.join("model.safetensors.index.json");
-    if !index.is_file() {
+    if !exists(&index) {
         return Err(LoadError::NoWeights {
             dir: dir.to_path_buf(),
         });
@@ -154,11 +151,15 @@ pub fn read_weights(dir: &Path) -> Result<StateDict, LoadError> {
     Ok(StateDict::from_tensors(tensors))
 }
 
+/// A JSON file of the directory: a regular file of at most [`MAX_JSON_BYTES`].
 fn read_text(path: &Path) -> Result<String, LoadError> {
-    std::fs::read_to_string(path).map_err(|source| LoadError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(tensor_files::read_text(path, MAX_JSON_BYTES)?)
+}
+
+/// Whether something is at `path` (after links): a FIFO or a directory there is then read, and
+/// refused by name, rather than taken for an absent file.
+fn exists(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok()
 }
 
 /// A checkpoint's tensors, taken by the model that loads them; whatever is left at the end is
@@ -227,25 +228,9 @@ impl Checkpoint {
                 keys: vec![format!("{prefix}{key}")],
             });
         }
-        let mut layer = sub.to_layer(config, device).map_err(|error| {
-            LoadError::from(match error {
-                WeightsError::MissingKey { key } => WeightsError::MissingKey {
-                    key: format!("{prefix}{key}"),
-                },
-                WeightsError::Shape {
-                    key,
-                    expected,
-                    found,
-                    hint,
-                } => WeightsError::Shape {
-                    key: format!("{prefix}{key}"),
-                    expected,
-                    found,
-                    hint,
-                },
-                other => other,
-            })
-        })?;
+        let mut layer = sub
+            .to_layer(config, device)
+            .map_err(|error| LoadError::from(error.with_key_prefix(prefix)))?;
         // Stored anew: transposed (nn.Linear) or narrowed (GPT-2's c_attn) views give wrong
         // one-token products on Burn 0.21's wgpu backend, i.e. wrong cached decoding.
         for linear in [
@@ -277,6 +262,79 @@ impl Checkpoint {
                 keys,
             })
         }
+    }
+}
+
+/// A size `config.json` gives, and the tensor dimension that must equal it.
+pub(crate) struct Size {
+    /// The field (or fields, for a product) it comes from.
+    pub field: &'static str,
+    /// Its value; `None` when a product of fields overflows.
+    pub value: Option<usize>,
+    /// The tensor.
+    pub key: String,
+    /// Which of its dimensions.
+    pub dim: usize,
+}
+
+impl Checkpoint {
+    /// Checks the config's sizes against the tensors before any is allocated: the number of
+    /// layers (`{layer_prefix}{i}.` names, field `layers.0`) and each of `sizes`. A tensor that
+    /// is absent is left to the loader, which names it.
+    pub(crate) fn check_sizes(
+        &self,
+        layer_prefix: &str,
+        (layers_field, layers): (&'static str, usize),
+        sizes: &[Size],
+    ) -> Result<(), LoadError> {
+        let error = |field: &'static str, value: String, found: String| LoadError::Config {
+            path: "config.json".into(),
+            source: ConfigError::Weights {
+                field,
+                value,
+                found,
+            },
+        };
+        let held = self
+            .dict
+            .keys()
+            .filter_map(|key| {
+                key.strip_prefix(layer_prefix)?
+                    .split('.')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .map(|layer: usize| layer.saturating_add(1))
+            .max()
+            .unwrap_or(0);
+        if held != layers {
+            return Err(error(
+                layers_field,
+                layers.to_string(),
+                format!(
+                    "they hold {held} layers (`{layer_prefix}0.` to `{layer_prefix}{}.`)",
+                    held.saturating_sub(1)
+                ),
+            ));
+        }
+        for size in sizes {
+            let Some(shape) = self.dict.shape(&size.key) else {
+                continue;
+            };
+            let found = shape.get(size.dim).copied();
+            if size.value.is_none() || found != size.value {
+                let value = size
+                    .value
+                    .map_or_else(|| "a product past usize".to_string(), |v| v.to_string());
+                return Err(error(
+                    size.field,
+                    value,
+                    format!("`{}` has shape {shape:?}", size.key),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -41,6 +41,17 @@ pub enum ConfigError {
         /// What is supported.
         supported: &'static str,
     },
+    /// A size the checkpoint's tensors contradict (checked before anything is allocated from
+    /// it: a `num_hidden_layers` in the billions is this error, not an abort).
+    #[error("config.json: `{field}` = {value} does not fit the weights: {found}")]
+    Weights {
+        /// The field.
+        field: &'static str,
+        /// Its value (a product of fields, as `num_attention_heads · head_dim`, when it is one).
+        value: String,
+        /// What the weights hold instead.
+        found: String,
+    },
     /// The sizes do not make a valid attention layer (heads that do not divide, …).
     #[error("config.json: {0}")]
     Attention(#[from] AttentionError),
@@ -130,10 +141,40 @@ pub struct LlamaConfig {
     pub mlp_bias: bool,
     /// `rope_parameters`, or `rope_theta` and `rope_scaling`.
     pub rope: RopeConfig,
-    /// The sliding window of each layer (`None`: full causal attention).
-    pub windows: Vec<Option<usize>>,
+    /// Which layers attend through a sliding window.
+    pub windows: Windows,
     /// `tie_word_embeddings`: the LM head is the token embedding.
     pub tie_word_embeddings: bool,
+}
+
+/// Which layers of a model attend through a sliding window, as `config.json` says it: a rule
+/// for every layer, or a list of one entry per layer. A rule is kept as a rule, so that a
+/// `num_hidden_layers` far larger than the checkpoint allocates nothing before the weights
+/// refute it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Windows {
+    /// The same for every layer: `None` is full causal attention.
+    All(Option<usize>),
+    /// Full attention below layer `first`, `window` from it on (Qwen2's `max_window_layers`).
+    From {
+        /// The first windowed layer.
+        first: usize,
+        /// The window.
+        window: usize,
+    },
+    /// One entry per layer (`layer_types`).
+    PerLayer(Vec<Option<usize>>),
+}
+
+impl Windows {
+    /// The window of layer `layer` (`None`: full causal attention).
+    pub fn of_layer(&self, layer: usize) -> Option<usize> {
+        match self {
+            Self::All(window) => *window,
+            Self::From { first, window } => (layer >= *first).then_some(*window),
+            Self::PerLayer(windows) => windows.get(layer).copied().flatten(),
+        }
+    }
 }
 
 impl ModelConfig {
@@ -214,7 +255,14 @@ impl Gpt2Config {
             num_heads: fields.required("n_head")?,
             num_layers: fields.required("n_layer")?,
             max_positions: fields.required("n_positions")?,
-            mlp_width: fields.usize("n_inner")?.unwrap_or(4 * width),
+            mlp_width: match fields.usize("n_inner")? {
+                Some(n_inner) => n_inner,
+                None => width.checked_mul(4).ok_or(ConfigError::Type {
+                    field: "n_embd".into(),
+                    expected: "a width whose 4 · n_embd (the default n_inner) is addressable",
+                    found: width.to_string(),
+                })?,
+            },
             layer_norm_eps: fields.positive("layer_norm_epsilon")?.unwrap_or(1e-5),
             activation,
             tie_word_embeddings: fields.bool("tie_word_embeddings")?.unwrap_or(true),
@@ -324,7 +372,7 @@ fn read_windows(
     fields: &Fields,
     family: LlamaFamily,
     num_layers: usize,
-) -> Result<Vec<Option<usize>>, ConfigError> {
+) -> Result<Windows, ConfigError> {
     let window = fields.usize("sliding_window")?;
     let window = match family {
         LlamaFamily::Llama => None,
@@ -361,7 +409,8 @@ fn read_windows(
                         supported: "full_attention, sliding_attention",
                     }),
                 })
-                .collect()
+                .collect::<Result<_, _>>()
+                .map(Windows::PerLayer)
         }
         Some(other) => Err(fields.type_error("layer_types", "a list", other)),
         None => {
@@ -369,9 +418,13 @@ fn read_windows(
                 LlamaFamily::Qwen2 => fields.usize("max_window_layers")?.unwrap_or(0),
                 _ => 0,
             };
-            Ok((0..num_layers)
-                .map(|layer| window.filter(|_| layer >= first_sliding))
-                .collect())
+            Ok(match window {
+                Some(window) if first_sliding > 0 => Windows::From {
+                    first: first_sliding,
+                    window,
+                },
+                window => Windows::All(window),
+            })
         }
     }
 }

@@ -119,11 +119,12 @@ impl Prompts {
         }
         let mut converted = Vec::with_capacity(ids.len());
         for (i, &id) in ids.iter().enumerate() {
-            let id = u32::try_from(id).map_err(|_| GenerateError::TokenOutOfRange {
-                row: i / len,
-                column: i % len,
-                token: id,
-                vocab_size: u32::MAX as usize,
+            let (row, column) = (i / len, i % len);
+            let id = u32::try_from(id).map_err(|_| {
+                GenerateError::Prompts(format!(
+                    "input_ids row {row}, column {column} holds {id}, which is no token id \
+                     (ids are whole numbers from 0 to the vocabulary size − 1)"
+                ))
             })?;
             converted.push(id);
         }
@@ -237,7 +238,10 @@ impl<B: Backend> CausalLm<B> {
             });
         }
         let max_positions = self.config().max_positions();
-        if len + config.max_new_tokens > max_positions {
+        if len
+            .checked_add(config.max_new_tokens)
+            .is_none_or(|total| total > max_positions)
+        {
             return Err(GenerateError::TooLong {
                 prompt: len,
                 new: config.max_new_tokens,
@@ -257,7 +261,9 @@ impl<B: Backend> CausalLm<B> {
         };
         let mut sampler = Sampler::new(&config.sampling);
         let mut finished = vec![false; batch];
-        let mut steps = Vec::with_capacity(config.max_new_tokens);
+        // Grown step by step: `max_new_tokens` is the user's number, bounded only by a
+        // `max_position_embeddings` from config.json.
+        let mut steps = Vec::new();
         for step in 0..config.max_new_tokens {
             let logits = next_logits.reshape([batch, vocab_size]);
             let host = logits

@@ -5,7 +5,7 @@
 use attention_core::MultiHeadAttentionConfig;
 use burn::prelude::*;
 
-use crate::checkpoint::{Checkpoint, LoadError};
+use crate::checkpoint::{Checkpoint, LoadError, Size};
 use crate::config::Gpt2Config;
 use crate::decoder::{Decoder, DecoderBlock, GeluMlp, Mlp, Norm};
 
@@ -21,6 +21,22 @@ pub(crate) fn load<B: Backend>(
         ""
     };
     let [width, mlp] = [config.width, config.mlp_width];
+    let size = |field, value, key: &str, dim| Size {
+        field,
+        value: Some(value),
+        key: format!("{base}{key}"),
+        dim,
+    };
+    checkpoint.check_sizes(
+        &format!("{base}h."),
+        ("n_layer", config.num_layers),
+        &[
+            size("vocab_size", config.vocab_size, "wte.weight", 0),
+            size("n_embd", width, "wte.weight", 1),
+            size("n_positions", config.max_positions, "wpe.weight", 0),
+            size("n_inner", mlp, "h.0.mlp.c_fc.weight", 1),
+        ],
+    )?;
     let attention =
         MultiHeadAttentionConfig::new(width, width, config.max_positions, config.num_heads)
             .with_qkv_bias(true);

@@ -37,7 +37,7 @@ mod sampling;
 
 pub use checkpoint::{LoadError, read_config, read_special_tokens, read_weights};
 pub use config::{
-    ConfigError, Gelu, Gpt2Config, LlamaConfig, LlamaFamily, ModelConfig, SpecialTokens,
+    ConfigError, Gelu, Gpt2Config, LlamaConfig, LlamaFamily, ModelConfig, SpecialTokens, Windows,
 };
 pub use decoder::{Decoder, DecoderBlock, GeluMlp, Mlp, Norm, SwiGlu};
 pub use generate::{GenerateConfig, GenerateError, Generation, Prompts};

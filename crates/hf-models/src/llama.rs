@@ -5,7 +5,7 @@
 use attention_core::MultiHeadAttentionConfig;
 use burn::prelude::*;
 
-use crate::checkpoint::{Checkpoint, LoadError};
+use crate::checkpoint::{Checkpoint, LoadError, Size};
 use crate::config::LlamaConfig;
 use crate::decoder::{Decoder, DecoderBlock, Mlp, Norm, SwiGlu};
 
@@ -18,7 +18,7 @@ impl LlamaConfig {
             .with_qkv_bias(self.qkv_bias)
             .with_output_bias(self.output_bias)
             .with_rope(Some(self.rope.clone()))
-            .with_sliding_window(self.windows[layer])
+            .with_sliding_window(self.windows.of_layer(layer))
     }
 }
 
@@ -34,6 +34,44 @@ pub(crate) fn load<B: Backend>(
         ""
     };
     let [width, mlp] = [config.width, config.mlp_width];
+    let size = |field, value, key: &str, dim| Size {
+        field,
+        value,
+        key: format!("{base}{key}"),
+        dim,
+    };
+    let attention = "layers.0.self_attn";
+    checkpoint.check_sizes(
+        &format!("{base}layers."),
+        ("num_hidden_layers", config.num_layers),
+        &[
+            size(
+                "vocab_size",
+                Some(config.vocab_size),
+                "embed_tokens.weight",
+                0,
+            ),
+            size("hidden_size", Some(width), "embed_tokens.weight", 1),
+            size(
+                "intermediate_size",
+                Some(mlp),
+                "layers.0.mlp.gate_proj.weight",
+                0,
+            ),
+            size(
+                "num_attention_heads · head_dim",
+                config.num_heads.checked_mul(config.head_dim),
+                &format!("{attention}.q_proj.weight"),
+                0,
+            ),
+            size(
+                "num_key_value_heads · head_dim",
+                config.num_kv_heads.checked_mul(config.head_dim),
+                &format!("{attention}.k_proj.weight"),
+                0,
+            ),
+        ],
+    )?;
     let rms_norm = |checkpoint: &mut Checkpoint, name: &str| {
         let norm = checkpoint.rms_norm(name, width, config.rms_norm_eps, device)?;
         Ok::<_, LoadError>(Norm::Rms(norm))

@@ -16,6 +16,25 @@ pub enum FileError {
         /// What the system said.
         source: std::io::Error,
     },
+    /// The path is not a regular file (a FIFO, a device, a directory, …): reading it could
+    /// block forever or never end.
+    #[error("{path} is {kind}, not a regular file")]
+    NotRegularFile {
+        /// The file.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// The file is larger than what is read of its kind.
+    #[error("{path} holds {bytes} bytes, more than the {limit} read of such a file")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        bytes: u64,
+        /// The bound.
+        limit: u64,
+    },
     /// The extension names no format this crate reads.
     #[error("{path}: unknown tensor file format (expected .safetensors, .pt, .pth or .bin)")]
     UnknownFormat {

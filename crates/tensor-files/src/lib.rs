@@ -4,6 +4,8 @@
 //!   contiguous little-endian tensors ([`RawTensor`]). Every size a file declares is checked
 //!   against what the file holds before anything is allocated, strided `.pt` views load with the
 //!   values PyTorch shows, and allocation failure is an error, not an abort.
+//! - [`read_text`], [`read_bytes`], [`open_regular`]: any input file, refused unless it is a
+//!   regular file (a FIFO would hang the reader), JSON within [`MAX_JSON_BYTES`].
 //! - [`OutputFile`]: a path to write that is refused when it is one of the command's inputs (by
 //!   device and inode) or not a regular file, written through an exclusively created temporary
 //!   file renamed over it once complete.
@@ -19,6 +21,7 @@
 #![warn(missing_docs)]
 
 mod error;
+mod input;
 mod output;
 pub mod safetensors;
 pub mod torch;
@@ -27,6 +30,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 pub use error::{FileError, OutputError};
+pub use input::{MAX_JSON_BYTES, open_regular, read_bytes, read_text};
 pub use output::{OutputDir, OutputFile};
 
 /// Element types the readers accept.

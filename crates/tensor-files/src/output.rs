@@ -116,7 +116,7 @@ impl OutputFile {
             return Err(OutputError::NotRegularFile {
                 role: self.role.clone(),
                 path: self.path.clone(),
-                kind: kind(&output),
+                kind: crate::input::file_kind(&output),
             });
         }
         for (input_role, input) in &self.inputs {
@@ -217,7 +217,7 @@ impl OutputDir {
             return Err(OutputError::NotRegularFile {
                 role: self.role.clone(),
                 path: self.path.clone(),
-                kind: match kind(&metadata) {
+                kind: match crate::input::file_kind(&metadata) {
                     "a regular file" => "a file",
                     other => other,
                 },
@@ -283,30 +283,4 @@ fn same_file(a: &Metadata, b: &Metadata) -> bool {
 #[cfg(not(unix))]
 fn same_file(_: &Metadata, _: &Metadata) -> bool {
     false
-}
-
-fn kind(metadata: &Metadata) -> &'static str {
-    let file_type = metadata.file_type();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if file_type.is_fifo() {
-            return "a FIFO";
-        }
-        if file_type.is_char_device() || file_type.is_block_device() {
-            return "a device";
-        }
-        if file_type.is_socket() {
-            return "a socket";
-        }
-    }
-    if file_type.is_dir() {
-        "a directory"
-    } else if file_type.is_symlink() {
-        "a symbolic link"
-    } else if file_type.is_file() {
-        "a regular file"
-    } else {
-        "not a regular file"
-    }
 }

@@ -11,10 +11,7 @@ use crate::{Dtype, RawTensor, Tensors};
 
 /// Reads every tensor of a safetensors file.
 pub fn read(path: &Path) -> Result<Tensors, FileError> {
-    let bytes = std::fs::read(path).map_err(|source| FileError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = crate::read_bytes(path)?;
     read_from(&bytes, path)
 }
 

@@ -10,13 +10,16 @@ use crate::{Cli, CliError};
 #[cfg(feature = "tokenizer")]
 pub fn run<B: Backend>(cli: &Cli, prompt: &str, device: &B::Device) -> Result<(), CliError> {
     let path = cli.model.join("tokenizer.json");
-    if !path.is_file() {
+    if std::fs::metadata(&path).is_err() {
         return Err(CliError::Input(format!(
             "{} has no tokenizer.json: give token ids with --input instead",
             cli.model.display()
         )));
     }
-    let tokenizer = tokenizers::Tokenizer::from_file(&path)
+    // A regular file within the JSON bound: a FIFO there is refused, not waited on.
+    let json = tensor_files::read_text(&path, tensor_files::MAX_JSON_BYTES)?;
+    let tokenizer = json
+        .parse::<tokenizers::Tokenizer>()
         .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
     let encoding = tokenizer
         .encode(prompt, true)

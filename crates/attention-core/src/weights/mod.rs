@@ -100,12 +100,65 @@ pub enum WeightsError {
         /// Its dtype.
         dtype: DType,
     },
+    /// A weight holds a NaN or an infinity: every output it reaches would be one too.
+    #[error("`{key}` holds {value} at flat index {index}: weights must be finite")]
+    NonFinite {
+        /// The key.
+        key: String,
+        /// The first non-finite element's index, row-major.
+        index: usize,
+        /// Its value (`NaN`, `inf` or `-inf`).
+        value: f64,
+    },
     /// The config built from (or given for) the weights is invalid.
     #[error("weights do not fit the config: {0}")]
     Config(#[from] AttentionError),
 }
 
 impl WeightsError {
+    /// The same error with `prefix` before the tensor name it carries: what a dict split off a
+    /// larger checkpoint ([`StateDict::split_prefix`]) reports in the checkpoint's own names.
+    pub fn with_key_prefix(self, prefix: &str) -> Self {
+        let prefixed = |key: String| format!("{prefix}{key}");
+        match self {
+            Self::MissingKey { key } => Self::MissingKey { key: prefixed(key) },
+            Self::UnexpectedKey { key, reason } => Self::UnexpectedKey {
+                key: prefixed(key),
+                reason,
+            },
+            Self::Shape {
+                key,
+                expected,
+                found,
+                hint,
+            } => Self::Shape {
+                key: prefixed(key),
+                expected,
+                found,
+                hint,
+            },
+            Self::Rank {
+                key,
+                expected,
+                found,
+            } => Self::Rank {
+                key: prefixed(key),
+                expected,
+                found,
+            },
+            Self::DType { key, dtype } => Self::DType {
+                key: prefixed(key),
+                dtype,
+            },
+            Self::NonFinite { key, index, value } => Self::NonFinite {
+                key: prefixed(key),
+                index,
+                value,
+            },
+            other @ (Self::File(_) | Self::UnknownLayout { .. } | Self::Config(_)) => other,
+        }
+    }
+
     fn shape(key: &str, expected: &[usize], found: &[usize]) -> Self {
         Self::Shape {
             key: key.to_string(),
@@ -199,7 +252,9 @@ impl StateDict {
         self.tensors.contains_key(key)
     }
 
-    /// The tensor `key` as a float tensor on `device`, checked for its number of dimensions.
+    /// The tensor `key` as a float tensor on `device`, checked for its number of dimensions and
+    /// refused when it holds a NaN or an infinity (stored in any float type, or become one in
+    /// the conversion: an f64 beyond f32's range).
     pub fn tensor<B: Backend, const D: usize>(
         &self,
         key: &str,
@@ -225,6 +280,13 @@ impl StateDict {
             });
         }
         let data = data.clone().convert::<B::FloatElem>();
+        if let Some((index, value)) = first_non_finite(&data) {
+            return Err(WeightsError::NonFinite {
+                key: key.to_string(),
+                index,
+                value,
+            });
+        }
         Ok(Tensor::from_data(data, device))
     }
 
@@ -257,6 +319,24 @@ impl StateDict {
             }),
         }
     }
+}
+
+/// The index and value of the first NaN or infinity in float data, if any.
+fn first_non_finite(data: &TensorData) -> Option<(usize, f64)> {
+    let found = match data.dtype {
+        DType::F32 => data
+            .as_slice::<f32>()
+            .ok()?
+            .iter()
+            .position(|x| !x.is_finite()),
+        DType::F64 => data
+            .as_slice::<f64>()
+            .ok()?
+            .iter()
+            .position(|x| !x.is_finite()),
+        _ => data.iter::<f64>().position(|x| !x.is_finite()),
+    };
+    found.map(|index| (index, data.iter::<f64>().nth(index).unwrap_or(f64::NAN)))
 }
 
 /// A file's tensor as Burn data (the bytes are moved, not copied).

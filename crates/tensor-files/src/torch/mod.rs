@@ -14,7 +14,6 @@ mod pickle;
 mod write;
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::io::{BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -35,10 +34,7 @@ const MAX_NESTING: usize = 16;
 /// Reads every tensor of a `torch.save` file, nested dicts flattened to dotted names
 /// (`{"model": {"w": t}}` → `model.w`); values that are not tensors are skipped.
 pub fn read(path: &Path) -> Result<Tensors, FileError> {
-    let file = File::open(path).map_err(|source| FileError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let (file, _) = crate::open_regular(path)?;
     read_from(BufReader::new(file), path)
 }
 
