@@ -209,6 +209,96 @@ fn an_output_that_is_not_a_regular_file_is_refused() {
     );
 }
 
+fn make_fifo(path: &Path) {
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+#[test]
+fn an_input_that_is_not_a_regular_file_is_refused_without_reading_it() {
+    use std::os::unix::fs::FileTypeExt;
+
+    let dir = scratch("input-not-regular");
+    let weights = copy(&dir, &format!("{BOOK}.safetensors"));
+    let out = dir.join("out.safetensors");
+    // Both readers: safetensors and torch.save.
+    for extension in ["safetensors", "pt"] {
+        let fifo = dir.join(format!("fifo.{extension}"));
+        make_fifo(&fifo);
+        let directory = dir.join(format!("a-directory.{extension}"));
+        std::fs::create_dir(&directory).unwrap();
+        let device = dir.join(format!("null.{extension}"));
+        std::os::unix::fs::symlink("/dev/null", &device).unwrap();
+        for (special, kind) in [
+            (&fifo, "a FIFO"),
+            (&directory, "a directory"),
+            (&device, "a device"),
+        ] {
+            let needle = format!("{} is {kind}, not a regular file", special.display());
+            // The special file is not among the inputs compared: reading a FIFO would block.
+            refused(
+                &apply(special, &weights, &out, &[]),
+                &needle,
+                &[weights.as_path()],
+                &out,
+            );
+            refused(
+                &apply(&weights, special, &out, &[]),
+                &needle,
+                &[weights.as_path()],
+                &out,
+            );
+            assert!(!out.exists(), "{kind} .{extension}: no output");
+        }
+        assert!(
+            std::fs::symlink_metadata(&fifo)
+                .unwrap()
+                .file_type()
+                .is_fifo()
+        );
+        assert!(std::fs::metadata(&directory).unwrap().is_dir());
+    }
+}
+
+#[test]
+fn weights_holding_a_nan_or_an_infinity_are_refused_naming_the_tensor() {
+    let dir = scratch("non-finite");
+    let input = copy(&dir, &format!("{BOOK}.safetensors"));
+    let out = dir.join("out.safetensors");
+    let poisons = [
+        ("query_layer.weight", f32::NAN, "NaN"),
+        ("value_layer.weight", f32::INFINITY, "inf"),
+        ("output_layer.bias", f32::NEG_INFINITY, "-inf"),
+    ];
+    for (i, (key, value, shown)) in poisons.into_iter().enumerate() {
+        // Element 3 of `key` set to `value`, every other tensor as it was.
+        let mut tensors = tensor_files::read(&input).unwrap();
+        let tensor = tensors.get_mut(key).expect("the tensor exists");
+        let mut values = tensor.to_f32().expect("a float tensor");
+        values[3] = value;
+        *tensor = RawTensor::from_f32(tensor.shape.clone(), &values);
+        let weights = dir.join(format!("poison{i}.safetensors"));
+        std::fs::write(
+            &weights,
+            tensor_files::safetensors::serialize(&tensors).unwrap(),
+        )
+        .unwrap();
+        let needle = format!("`{key}` holds {shown} at flat index 3: weights must be finite");
+        for path in ["explicit", "fused", "cached"] {
+            refused(
+                &apply(&weights, &input, &out, &["--path", path]),
+                &needle,
+                &[weights.as_path(), input.as_path()],
+                &out,
+            );
+            assert!(!out.exists(), "{key} {shown} --path {path}: no output");
+        }
+    }
+}
+
 #[test]
 fn a_link_planted_at_the_old_temporary_name_is_never_followed() {
     let dir = scratch("planted-link");

@@ -3,7 +3,8 @@
 //! alone, and a small run trains, saves and generates.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tiny-gpt");
 /// A model small enough to train a few steps in a test.
@@ -49,6 +50,44 @@ fn refused(args: &[&str], needle: &str) {
         lines[0].starts_with("error: ") && lines[0].contains(needle),
         "{args:?}: {lines:?} should say {needle:?}"
     );
+}
+
+/// How long one refused run may take before it counts as a hang.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// [`refused`] under a hang guard (a FIFO read would block forever): a run still going after
+/// [`HANG_GUARD`] is killed and the test fails. Its stderr goes to a file in `scratch`.
+fn refused_guarded(args: &[&str], needle: &str, scratch: &Path) {
+    let stderr_path = scratch.join("stderr.txt");
+    let stderr = std::fs::File::create(&stderr_path).unwrap();
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > HANG_GUARD {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("{args:?}: tiny-gpt hung for {HANG_GUARD:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(status.code(), Some(2), "{args:?}: {lines:?}");
+    assert_eq!(lines.len(), 1, "{args:?}: one line, got {lines:?}");
+    assert!(
+        lines[0].starts_with("error: ") && lines[0].contains(needle),
+        "{args:?}: {lines:?} should say {needle:?}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 /// `SMALL` with `flag` set to `value` and `--out dir`.
@@ -186,4 +225,42 @@ fn tampered_checkpoints_name_the_field_that_disagrees() {
         &["generate", "--checkpoint", s(&dir), "--prompt", "a"],
         "not a checkpoint (no config.json)",
     );
+}
+
+#[test]
+fn checkpoint_files_that_are_not_regular_files_are_refused_without_hanging() {
+    let dir = scratch("special-files");
+    let out = dir.join("ckpt");
+    let trained = run(&small_with("--seed", "4", s(&out)));
+    assert!(trained.status.success(), "{:?}", stderr_lines(&trained));
+    let generate = ["generate", "--checkpoint", s(&out), "--prompt", "a"];
+    for file in ["config.json", "model.safetensors"] {
+        let path = out.join(file);
+        let original = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        for kind in ["a FIFO", "a directory", "a device"] {
+            match kind {
+                "a FIFO" => {
+                    let status = Command::new("mkfifo").arg(&path).status().unwrap();
+                    assert!(status.success(), "mkfifo {}", path.display());
+                }
+                "a directory" => std::fs::create_dir(&path).unwrap(),
+                _ => std::os::unix::fs::symlink("/dev/null", &path).unwrap(),
+            }
+            refused_guarded(
+                &generate,
+                &format!("{} is {kind}, not a regular file", path.display()),
+                &dir,
+            );
+            if kind == "a directory" {
+                std::fs::remove_dir(&path).unwrap();
+            } else {
+                std::fs::remove_file(&path).unwrap();
+            }
+        }
+        std::fs::write(&path, original).unwrap();
+    }
+    // Restored, the checkpoint generates again: the refusals were the special files'.
+    let generated = run(&generate);
+    assert!(generated.status.success(), "{:?}", stderr_lines(&generated));
 }
