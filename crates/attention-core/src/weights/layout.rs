@@ -15,10 +15,10 @@ pub enum WeightsLayout {
     Chapter,
     /// Hugging Face's `GPT2Attention`: fused `c_attn` and `c_proj`, stored as `Conv1D`.
     Gpt2,
-    /// Hugging Face's `LlamaAttention`, `Qwen2Attention`, `MistralAttention`: separate
-    /// `nn.Linear` `q_proj`, `k_proj`, `v_proj`, `o_proj` (key/value ones with `num_kv_heads`
-    /// heads).
-    HuggingFace,
+    /// Hugging Face's Llama-family attention (`LlamaAttention`, `Qwen2Attention`,
+    /// `MistralAttention`): separate `nn.Linear` `q_proj`, `k_proj`, `v_proj`, `o_proj`
+    /// (key/value ones with `num_kv_heads` heads).
+    Llama,
 }
 
 impl WeightsLayout {
@@ -27,7 +27,7 @@ impl WeightsLayout {
     fn linear_names(self) -> Option<[&'static str; 4]> {
         match self {
             Self::Chapter => Some(["query_layer", "key_layer", "value_layer", "output_layer"]),
-            Self::HuggingFace => Some(["q_proj", "k_proj", "v_proj", "o_proj"]),
+            Self::Llama => Some(["q_proj", "k_proj", "v_proj", "o_proj"]),
             Self::Gpt2 => None,
         }
     }
@@ -39,7 +39,7 @@ impl StateDict {
         if self.contains("query_layer.weight") {
             Ok(WeightsLayout::Chapter)
         } else if self.contains("q_proj.weight") {
-            Ok(WeightsLayout::HuggingFace)
+            Ok(WeightsLayout::Llama)
         } else if self.contains("c_attn.weight") {
             Ok(WeightsLayout::Gpt2)
         } else {

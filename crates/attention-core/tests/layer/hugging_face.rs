@@ -42,7 +42,7 @@ fn load<B: Backend>(
     device: &B::Device,
 ) -> Case<B> {
     let dict = StateDict::load(fixture(&format!("hf/{name}.safetensors"))).unwrap();
-    assert_eq!(dict.layout().unwrap(), WeightsLayout::HuggingFace);
+    assert_eq!(dict.layout().unwrap(), WeightsLayout::Llama);
     let config: MultiHeadAttentionConfig = dict
         .infer_config(heads, 64)
         .unwrap()
@@ -102,7 +102,7 @@ fn gradients_match_transformers<B: Backend>(device: &B::Device) {
                 &what("grad.x"),
             );
             let params = AttentionParams::grads_of(&case.layer, &grads);
-            for (key, grad) in params.to_state_dict(WeightsLayout::HuggingFace) {
+            for (key, grad) in params.to_state_dict(WeightsLayout::Llama) {
                 let want = case
                     .dict
                     .data(&format!("grad.{key}"))
