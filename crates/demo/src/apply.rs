@@ -112,7 +112,7 @@ fn with_flags(
                     RopeLayoutArg::Interleaved => RopeLayout::Interleaved,
                 })
                 .with_scaling(match &args.rope_scaling {
-                    Some(json) => RopeScaling::from_hugging_face(json)?,
+                    Some(json) => rope_scaling(json)?,
                     None => RopeScaling::None,
                 }),
         ),
@@ -122,6 +122,13 @@ fn with_flags(
         .with_sliding_window(args.sliding_window);
     config.validate()?;
     Ok(config)
+}
+
+/// `--rope-scaling`'s JSON, as Hugging Face's `rope_scaling` writes it.
+fn rope_scaling(json: &str) -> Result<RopeScaling, DemoError> {
+    let value: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| DemoError(format!("--rope-scaling: not JSON: {e}")))?;
+    Ok(hf_models::rope_scaling(&value)?)
 }
 
 /// The input file's `position_ids` (`[batch, seq]`, integers), if it has them.

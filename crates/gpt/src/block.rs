@@ -1,100 +1,183 @@
-//! A pre-norm transformer block.
+//! A decoder block: attention, then an MLP, each a residual branch between its norms.
 
-use attention_core::{KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
-use burn::nn::{Dropout, DropoutConfig, LayerNorm, LayerNormConfig};
+use attention_core::{AttentionError, AttentionInput, KvCache, MultiHeadAttention};
+use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 
-use crate::feed_forward::{FeedForward, FeedForwardConfig};
+use crate::input::LmInput;
+use crate::mlp::Mlp;
+use crate::norm::{Norm, optional};
 
-/// Configuration of a [`TransformerBlock`].
-#[derive(Config, Debug)]
-pub struct TransformerBlockConfig {
-    /// Width of the model.
-    pub d_model: usize,
-    /// Attention heads.
-    pub num_heads: usize,
-    /// Longest sequence.
-    pub context_length: usize,
-    /// Dropout on attention weights and on both residual branches. Default: `0.0`.
-    #[config(default = 0.0)]
-    pub dropout: f64,
-    /// Bias on the Q/K/V projections. Default: `false`.
-    #[config(default = false)]
-    pub qkv_bias: bool,
+/// `x + dropout(post_attention_norm(attention(attention_norm(x))))`, then
+/// `x + dropout(post_feed_forward_norm(feed_forward(feed_forward_norm(x))))`; a norm that is
+/// `None` is left out.
+///
+/// Where the norms sit is one of the things families differ in, and it is these fields, not
+/// another block: GPT-2, the Llama family and the book's GPT normalize each branch's input only
+/// (pre-norm, [`pre_norm`](Self::pre_norm): the two post norms `None`); a family that also
+/// normalizes each branch's output (Gemma 2's sandwich) sets all four, one that normalizes only
+/// the outputs (OLMo 2) sets the post norms alone.
+#[derive(Module, Debug)]
+pub struct DecoderBlock<B: Backend> {
+    /// Norm of the attention's input: GPT-2's `ln_1`, the Llama family's `input_layernorm`.
+    pub attention_norm: Option<Norm<B>>,
+    /// Causal self-attention (GPT-2's `attn`, the Llama family's `self_attn`): the model's
+    /// heads, positions and window.
+    pub attention: MultiHeadAttention<B>,
+    /// Norm of the attention's output, before the residual sum (none in the families loaded
+    /// today).
+    pub post_attention_norm: Option<Norm<B>>,
+    /// Norm of the MLP's input: GPT-2's `ln_2`, the Llama family's `post_attention_layernorm`.
+    pub feed_forward_norm: Option<Norm<B>>,
+    /// The MLP (`mlp`).
+    pub feed_forward: Mlp<B>,
+    /// Norm of the MLP's output, before the residual sum (none in the families loaded today).
+    pub post_feed_forward_norm: Option<Norm<B>>,
+    /// Dropout on both residual branches: active only while training (under autodiff), with
+    /// probability 0 in a loaded checkpoint.
+    pub dropout: Dropout,
 }
 
-impl TransformerBlockConfig {
-    /// Initializes the block.
-    pub fn init<B: Backend>(&self, device: &B::Device) -> TransformerBlock<B> {
-        let norm = || {
-            LayerNormConfig::new(self.d_model)
-                .with_epsilon(1e-5)
-                .init(device)
-        };
-        TransformerBlock {
-            attention_norm: norm(),
-            attention: MultiHeadAttentionConfig::new(
-                self.d_model,
-                self.d_model,
-                self.context_length,
-                self.num_heads,
+impl<B: Backend> DecoderBlock<B> {
+    /// A pre-norm block, `x + attention(attention_norm(x))` then
+    /// `x + feed_forward(feed_forward_norm(x))`, without dropout.
+    pub fn pre_norm(
+        attention_norm: Norm<B>,
+        attention: MultiHeadAttention<B>,
+        feed_forward_norm: Norm<B>,
+        feed_forward: Mlp<B>,
+    ) -> Self {
+        Self {
+            attention_norm: Some(attention_norm),
+            attention,
+            post_attention_norm: None,
+            feed_forward_norm: Some(feed_forward_norm),
+            feed_forward,
+            post_feed_forward_norm: None,
+            dropout: DropoutConfig::new(0.0).init(),
+        }
+    }
+
+    /// The block over `x`, whose tokens have `input`'s positions and padding; with `cache`,
+    /// they follow the tokens cached, and their keys and values are appended.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, width]`
+    /// - `input.positions`: `[batch, seq]`; `input.key_padding`: `[batch, cached + seq]`
+    /// - output: `[batch, seq, width]`
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        input: &LmInput<B>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Result<Tensor<B, 3>, AttentionError> {
+        let normed = optional(self.attention_norm.as_ref(), x.clone());
+        let attended = self.attend(normed, input, cache)?;
+        let attended = optional(self.post_attention_norm.as_ref(), attended);
+        let x = x + self.dropout.forward(attended);
+        let transformed = per_token(x.clone(), |rows| {
+            let normed = optional(self.feed_forward_norm.as_ref(), rows);
+            optional(
+                self.post_feed_forward_norm.as_ref(),
+                self.feed_forward.forward(normed),
             )
-            .with_dropout(self.dropout)
-            .with_qkv_bias(self.qkv_bias)
-            .init(device),
-            feed_forward_norm: norm(),
-            feed_forward: FeedForwardConfig::new(self.d_model, 4 * self.d_model).init(device),
-            dropout: DropoutConfig::new(self.dropout).init(),
+        });
+        Ok(x + self.dropout.forward(transformed))
+    }
+
+    /// The attention over `x`, through `cache` when there is one.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, width]`
+    /// - output: `[batch, seq, width]`
+    fn attend(
+        &self,
+        x: Tensor<B, 3>,
+        input: &LmInput<B>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Result<Tensor<B, 3>, AttentionError> {
+        let mut attention_input = AttentionInput::new(x).positions(input.positions.clone());
+        if let Some(padding) = &input.key_padding {
+            attention_input = attention_input.key_padding(padding.clone());
+        }
+        match cache {
+            Some(cache) => self.attention.forward_cached_with(attention_input, cache),
+            None => self.attention.forward_with(attention_input),
         }
     }
 }
 
-/// `x + dropout(attention(norm(x)))`, then `x + dropout(feed_forward(norm(x)))`.
-#[derive(Module, Debug)]
-pub struct TransformerBlock<B: Backend> {
-    /// Norm before attention (biased variance, eps 1e-5, learnable scale and shift).
-    pub attention_norm: LayerNorm<B>,
-    /// Causal multi-head self-attention.
-    pub attention: MultiHeadAttention<B>,
-    /// Norm before the feed-forward.
-    pub feed_forward_norm: LayerNorm<B>,
-    /// The gated feed-forward.
-    pub feed_forward: FeedForward<B>,
-    /// Dropout on both residual branches.
-    pub dropout: Dropout,
+/// `f` applied to every token's features, given as the rows of one matrix.
+///
+/// The parts of the model that see one token at a time (a block's MLP and its norms, the final
+/// norm and the LM head) run on `[batch · seq, width]` rows. Besides being the plain shape for
+/// their matrix products, this avoids a fault of Burn 0.21's fusion on wgpu: an RMSNorm read by
+/// the gate and up projections as `[batch ≥ 2, 1, width]` (a decode step of a batch) gave wrong
+/// values for the rows after the first (`crates/hf-models/tests/fixtures.rs` runs the padded
+/// batch on wgpu).
+///
+/// # Shapes
+/// - `x`: `[batch, seq, width]`
+/// - `f`: `[tokens, width]` → `[tokens, out]`
+/// - output: `[batch, seq, out]`
+pub(crate) fn per_token<B: Backend>(
+    x: Tensor<B, 3>,
+    f: impl FnOnce(Tensor<B, 2>) -> Tensor<B, 2>,
+) -> Tensor<B, 3> {
+    let [batch, seq, width] = x.dims();
+    let out = f(x.reshape([batch * seq, width]));
+    let out_width = out.dims()[1];
+    out.reshape([batch, seq, out_width])
 }
 
-impl<B: Backend> TransformerBlock<B> {
-    /// # Shapes
-    /// - `x`: `[batch, seq, d_model]`
-    /// - output: `[batch, seq, d_model]`
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let attended = self
-            .attention
-            .forward(self.attention_norm.forward(x.clone()));
-        self.feed_forward_residual(x + self.dropout.forward(attended))
-    }
+#[cfg(test)]
+mod tests {
+    use attention_backends::NdArray;
+    use attention_core::MultiHeadAttentionConfig;
+    use burn::nn::{LinearConfig, RmsNormConfig};
+    use burn::tensor::{Distribution, Tolerance};
 
-    /// Like [`forward`](Self::forward) for tokens that follow those in `cache`.
-    ///
-    /// # Shapes
-    /// - `x`: `[batch, new, d_model]`
-    /// - output: `[batch, new, d_model]`
-    pub fn forward_cached(
-        &self,
-        x: Tensor<B, 3>,
-        cache: &mut KvCache<B>,
-    ) -> Result<Tensor<B, 3>, attention_core::AttentionError> {
-        let attended = self
-            .attention
-            .forward_cached(self.attention_norm.forward(x.clone()), cache)?;
-        Ok(self.feed_forward_residual(x + self.dropout.forward(attended)))
-    }
+    use super::*;
+    use crate::mlp::{Activation, GatedMlp};
 
-    fn feed_forward_residual(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let transformed = self
-            .feed_forward
-            .forward(self.feed_forward_norm.forward(x.clone()));
-        x + self.dropout.forward(transformed)
+    /// A block with all four norms (the sandwich a later family needs) equals its formula written
+    /// out: each norm sits where its field says.
+    #[test]
+    fn each_norm_sits_where_its_field_says() {
+        let device = Default::default();
+        NdArray::seed(&device, 1);
+        let width = 8;
+        let norm = |epsilon| {
+            Norm::<NdArray>::Rms(
+                RmsNormConfig::new(width)
+                    .with_epsilon(epsilon)
+                    .init(&device),
+            )
+        };
+        let [n1, n2, n3, n4] = [1e-6, 1e-3, 1e-2, 1e-1].map(norm);
+        let linear = |i, o| LinearConfig::new(i, o).init::<NdArray>(&device);
+        let attention = MultiHeadAttentionConfig::new(width, width, 16, 2).init::<NdArray>(&device);
+        let mlp = Mlp::Gated(GatedMlp {
+            gate: linear(width, 16),
+            up: linear(width, 16),
+            down: linear(16, width),
+            activation: Activation::Silu,
+        });
+        let block = DecoderBlock {
+            attention_norm: Some(n1.clone()),
+            attention: attention.clone(),
+            post_attention_norm: Some(n2.clone()),
+            feed_forward_norm: Some(n3.clone()),
+            feed_forward: mlp.clone(),
+            post_feed_forward_norm: Some(n4.clone()),
+            dropout: DropoutConfig::new(0.0).init(),
+        };
+        let x = Tensor::<NdArray, 3>::random([2, 5, width], Distribution::Default, &device);
+        let input = LmInput::after(Tensor::<NdArray, 2, Int>::zeros([2, 5], &device), 0);
+        let got = block.forward(x.clone(), &input, None).unwrap();
+        let x = x.clone() + n2.forward(attention.forward(n1.forward(x)));
+        let expected = x.clone() + n4.forward(mlp.forward(n3.forward(x)));
+        got.into_data()
+            .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::absolute(1e-5));
     }
 }

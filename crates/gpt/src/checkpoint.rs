@@ -15,7 +15,7 @@ use burn::prelude::*;
 use tensor_files::{Dtype, FileError, OutputDir, OutputError, RawTensor, Tensors};
 use thiserror::Error;
 
-use crate::model::{GptConfig, GptConfigError, GptModel};
+use crate::config::{GptConfig, GptConfigError, GptModel};
 use crate::named::{load_parameters, named_parameters};
 
 /// The config's file name.

@@ -1,7 +1,12 @@
-//! A small GPT assembled from [`attention_core::MultiHeadAttention`], as the source chapter's book
-//! builds it next: pre-norm transformer blocks with the book's gated feed-forward, learned
-//! positions, a bias-free language-model head, and generation that reuses every block's
-//! [`KvCache`](attention_core::KvCache); [`checkpoint`] saves and loads a trained model.
+//! The model stack of this workspace, built from [`attention_core::MultiHeadAttention`]: one
+//! decoder-only transformer, [`Decoder`], whose families differ in fields, not in code — which
+//! [`Norm`] (LayerNorm or RMSNorm) and where a [`DecoderBlock`] puts it, which [`Mlp`] (GPT-2's,
+//! the book's gated GELU, the Llama family's SwiGLU), learned or rotary positions, a separate or
+//! tied LM head — and one [`Sampler`] that picks generated tokens.
+//!
+//! The book's small GPT ([`GptConfig`]) is one configuration of it, trained by `tiny-gpt` and
+//! saved and loaded by [`checkpoint`]; `hf-models` loads GPT-2 and the Llama family from Hugging
+//! Face checkpoints into the same [`Decoder`].
 //!
 //! ```
 //! use burn::backend::NdArray;
@@ -12,17 +17,36 @@
 //! let tokens = model.generate(&[72, 105], 5, &Sampling::Greedy, &device).unwrap();
 //! assert_eq!(tokens.len(), 2 + 5);
 //! ```
+//!
+//! - `norm.rs`: [`Norm`].
+//! - `mlp.rs`: [`Mlp`] and its [`Activation`]s.
+//! - `input.rs`: [`LmInput`], a forward pass's tokens, positions and padding; [`Logits`].
+//! - `block.rs`: [`DecoderBlock`], and the per-token rows its MLP runs on.
+//! - `decoder.rs`: [`Decoder`], with and without KV caches.
+//! - `config.rs`: [`GptConfig`], the book's GPT as a configuration of the decoder.
+//! - `sampling.rs`: [`Sampling`] and the [`Sampler`] that follows it.
+//! - `generate.rs`: one prompt's continuation through the caches.
+//! - `checkpoint.rs`: a trained GPT on disk, checked against its config.
+//! - `named.rs`: parameters by their path in a model.
 #![warn(missing_docs)]
 
 mod block;
 pub mod checkpoint;
-mod feed_forward;
+mod config;
+mod decoder;
 mod generate;
-mod model;
+mod input;
+mod mlp;
 mod named;
+mod norm;
+mod sampling;
 
-pub use block::{TransformerBlock, TransformerBlockConfig};
-pub use feed_forward::{FeedForward, FeedForwardConfig};
-pub use generate::{GenerateError, Sampling};
-pub use model::{GptConfig, GptConfigError, GptModel};
+pub use block::DecoderBlock;
+pub use config::{GptConfig, GptConfigError, GptModel};
+pub use decoder::{Decoder, DecoderError};
+pub use generate::GenerateError;
+pub use input::{LmInput, Logits};
+pub use mlp::{Activation, GatedMlp, Mlp, PlainMlp};
 pub use named::{load_parameters, named_parameters, parameter_shapes};
+pub use norm::Norm;
+pub use sampling::{Sampler, Sampling, SamplingError};

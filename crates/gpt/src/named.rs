@@ -1,5 +1,10 @@
 //! A module's float parameters by dotted path (`blocks.0.attention.query_layer.weight`), the
 //! names Burn's `Module` derive gives them: out of a module, and back into one.
+//!
+//! An enum module's variant is left out of the path: a [`Norm`](crate::Norm) in the field
+//! `attention_norm` has its scale at `attention_norm.gamma` whether it is a LayerNorm or an
+//! RMSNorm (which one is the config's to say), as it had when the book's GPT held a `LayerNorm`
+//! there: checkpoints written before the decoder had enum parts keep loading.
 
 use std::collections::BTreeMap;
 
@@ -28,13 +33,13 @@ fn visit_parameters<B: Backend, M: Module<B>>(
     with_data: bool,
 ) -> Vec<(String, Vec<usize>, Option<TensorData>)> {
     struct Collect {
-        path: Vec<String>,
+        path: Vec<Option<String>>,
         with_data: bool,
         found: Vec<(String, Vec<usize>, Option<TensorData>)>,
     }
     impl<B: Backend> ModuleVisitor<B> for Collect {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name.to_string());
+        fn enter_module(&mut self, name: &str, container_type: &str) {
+            self.path.push(component(name, container_type));
         }
         fn exit_module(&mut self, _: &str, _: &str) {
             self.path.pop();
@@ -43,7 +48,7 @@ fn visit_parameters<B: Backend, M: Module<B>>(
             let tensor = param.val();
             let shape = tensor.dims().to_vec();
             let data = self.with_data.then(|| tensor.into_data());
-            self.found.push((self.path.join("."), shape, data));
+            self.found.push((join(&self.path), shape, data));
         }
     }
     let mut collect = Collect {
@@ -63,20 +68,20 @@ pub fn load_parameters<B: Backend, M: Module<B>>(
     tensors: &mut BTreeMap<String, TensorData>,
 ) -> (M, Vec<String>) {
     struct Load<'a> {
-        path: Vec<String>,
+        path: Vec<Option<String>>,
         tensors: &'a mut BTreeMap<String, TensorData>,
         unmatched: Vec<String>,
     }
     impl<B: Backend> ModuleMapper<B> for Load<'_> {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name.to_string());
+        fn enter_module(&mut self, name: &str, container_type: &str) {
+            self.path.push(component(name, container_type));
         }
         fn exit_module(&mut self, _: &str, _: &str) {
             self.path.pop();
         }
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
             let (id, tensor, mapper) = param.consume();
-            let path = self.path.join(".");
+            let path = join(&self.path);
             let tensor = match self.tensors.remove(&path) {
                 Some(data) if data.shape.as_slice() == tensor.dims().as_slice() => {
                     Tensor::from_data(data.convert::<B::FloatElem>(), &tensor.device())
@@ -96,4 +101,19 @@ pub fn load_parameters<B: Backend, M: Module<B>>(
     };
     let module = module.map(&mut load);
     (module, load.unmatched)
+}
+
+/// The dotted path of the components entered so far.
+fn join(path: &[Option<String>]) -> String {
+    path.iter()
+        .flatten()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The path component a module entered through `enter_module` adds: its field name or index,
+/// nothing for an enum's variant (Burn names the container `"Enum:TypeName"`).
+fn component(name: &str, container_type: &str) -> Option<String> {
+    (!container_type.starts_with("Enum:")).then(|| name.to_string())
 }

@@ -81,6 +81,38 @@ fn the_config_alone_predicts_every_parameter() {
     }
 }
 
+/// The names checkpoints have been written with since tiny-gpt's first: a model whose norms and
+/// feed-forward became enum variants of the shared decoder still names its parameters this way,
+/// so earlier checkpoints load.
+#[test]
+fn parameter_paths_are_those_of_earlier_checkpoints() {
+    let model = GptConfig::new(20, 8, 8, 2, 1).init::<NdArray>(&Default::default());
+    let paths: Vec<String> = parameter_shapes(&model)
+        .into_iter()
+        .map(|(path, _)| path)
+        .collect();
+    let expected = [
+        "token_embedding.weight",
+        "position_embedding.weight",
+        "blocks.0.attention_norm.gamma",
+        "blocks.0.attention_norm.beta",
+        "blocks.0.attention.query_layer.weight",
+        "blocks.0.attention.key_layer.weight",
+        "blocks.0.attention.value_layer.weight",
+        "blocks.0.attention.output_layer.weight",
+        "blocks.0.attention.output_layer.bias",
+        "blocks.0.feed_forward_norm.gamma",
+        "blocks.0.feed_forward_norm.beta",
+        "blocks.0.feed_forward.gate.weight",
+        "blocks.0.feed_forward.up.weight",
+        "blocks.0.feed_forward.down.weight",
+        "final_norm.gamma",
+        "final_norm.beta",
+        "lm_head.weight",
+    ];
+    assert_eq!(paths, expected);
+}
+
 #[test]
 fn a_config_that_disagrees_with_its_weights_names_the_field() {
     type Edit = fn(&mut serde_json::Value);

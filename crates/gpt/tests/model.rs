@@ -2,13 +2,14 @@
 //! short training run that lowers the loss.
 
 use attention_backends::NdArray;
+use attention_core::AttentionError;
 use burn::backend::Autodiff;
 use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::loss::cross_entropy_with_logits;
-use gpt::{GenerateError, GptConfig, GptModel, Sampling};
+use gpt::{DecoderError, GenerateError, GptConfig, GptModel, Sampling, SamplingError};
 
 fn config() -> GptConfig {
     GptConfig::new(50, 16, 24, 3, 2).with_qkv_bias(true)
@@ -66,9 +67,10 @@ fn cached_generation_gives_the_uncached_tokens() {
     let prompt = [5, 9, 13];
     for sampling in [
         Sampling::Greedy,
-        Sampling::TopK {
-            k: 5,
+        Sampling::Sample {
             temperature: 0.8,
+            top_k: Some(5),
+            top_p: None,
             seed: 7,
         },
     ] {
@@ -84,9 +86,10 @@ fn cached_generation_gives_the_uncached_tokens() {
         .generate(
             &prompt,
             12,
-            &Sampling::TopK {
-                k: 50,
+            &Sampling::Sample {
                 temperature: 2.0,
+                top_k: Some(50),
+                top_p: None,
                 seed: 1,
             },
             &device,
@@ -96,9 +99,10 @@ fn cached_generation_gives_the_uncached_tokens() {
         .generate(
             &prompt,
             12,
-            &Sampling::TopK {
-                k: 50,
+            &Sampling::Sample {
                 temperature: 2.0,
+                top_k: Some(50),
+                top_p: None,
                 seed: 2,
             },
             &device,
@@ -122,23 +126,40 @@ fn generation_errors() {
             vocab_size: 50
         })
     );
-    assert!(matches!(
+    assert_eq!(
         model.generate(&[1; 10], 7, &Sampling::Greedy, &device),
-        Err(GenerateError::Attention(_))
-    ));
-    assert!(matches!(
+        Err(GenerateError::Decoder(DecoderError::Attention(
+            AttentionError::ContextOverflow {
+                seq: 17,
+                context_length: 16
+            }
+        )))
+    );
+    assert_eq!(
         model.generate(
             &[1],
             3,
-            &Sampling::TopK {
-                k: 0,
+            &Sampling::Sample {
                 temperature: 1.0,
+                top_k: Some(0),
+                top_p: None,
                 seed: 0
             },
             &device
         ),
-        Err(GenerateError::BadSampling(_))
-    ));
+        Err(GenerateError::Sampling(SamplingError::TopK(0)))
+    );
+    let mut caches = model.new_caches();
+    caches.pop();
+    assert_eq!(
+        model
+            .forward_cached(tokens(&[[1, 2, 3, 4, 5, 6]], &device), &mut caches)
+            .map(drop),
+        Err(DecoderError::Caches {
+            found: 1,
+            layers: 2
+        })
+    );
 }
 
 #[test]

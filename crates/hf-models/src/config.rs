@@ -5,7 +5,8 @@
 //! Fields that do not change the computation (dropout rates at inference, `summary_*`,
 //! `initializer_range`, token ids, …) and `null`s are accepted.
 
-use attention_core::{AttentionError, RopeConfig, RopeScaling};
+use attention_core::{AttentionError, Llama3Scaling, RopeConfig, RopeScaling};
+use gpt::Activation;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
@@ -55,6 +56,19 @@ pub enum ConfigError {
     /// The sizes do not make a valid attention layer (heads that do not divide, …).
     #[error("config.json: {0}")]
     Attention(#[from] AttentionError),
+    /// The RoPE scaling's `rope_type` (or `type`) names a scaling not implemented here.
+    #[error("rope_type `{0}` is not supported (supported: default, linear, llama3)")]
+    RopeType(String),
+    /// A field of the RoPE scaling is absent or holds the wrong kind of value.
+    #[error("rope scaling: `{field}` must be {expected}, found {found}")]
+    RopeScaling {
+        /// The field (`rope_scaling` for the whole value).
+        field: &'static str,
+        /// What it must be.
+        expected: &'static str,
+        /// What it is, as JSON (`nothing` when absent).
+        found: String,
+    },
 }
 
 /// The architecture and sizes of a causal language model.
@@ -83,19 +97,11 @@ pub struct Gpt2Config {
     pub mlp_width: usize,
     /// `layer_norm_epsilon`
     pub layer_norm_eps: f64,
-    /// `activation_function`: the tanh approximation (`gelu_new`) or the exact GELU.
-    pub activation: Gelu,
+    /// `activation_function`: the tanh approximation (`gelu_new`,
+    /// [`Activation::GeluTanh`]) or the exact GELU ([`Activation::Gelu`]).
+    pub activation: Activation,
     /// `tie_word_embeddings`: the LM head is the token embedding.
     pub tie_word_embeddings: bool,
-}
-
-/// Which GELU an MLP uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gelu {
-    /// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`: `gelu_new`, `gelu_pytorch_tanh`, `gelu_fast`.
-    Tanh,
-    /// `x Φ(x)` with the error function: `gelu`.
-    Exact,
 }
 
 /// Which member of the Llama family (they differ only in biases and windows, read into
@@ -239,8 +245,8 @@ impl Gpt2Config {
         fields.require_eq("add_cross_attention", false, "decoder-only models")?;
         let width = fields.required("n_embd")?;
         let activation = match fields.string("activation_function")?.as_deref() {
-            None | Some("gelu_new" | "gelu_pytorch_tanh" | "gelu_fast") => Gelu::Tanh,
-            Some("gelu") => Gelu::Exact,
+            None | Some("gelu_new" | "gelu_pytorch_tanh" | "gelu_fast") => Activation::GeluTanh,
+            Some("gelu") => Activation::Gelu,
             Some(other) => {
                 return Err(ConfigError::Unsupported {
                     field: "activation_function".into(),
@@ -354,7 +360,7 @@ fn read_rope(fields: &Fields) -> Result<RopeConfig, ConfigError> {
         Some(Value::Object(map)) => Some(map.clone()),
         _ => None,
     }) {
-        Some(map) => RopeScaling::from_hugging_face(&Value::Object(map).to_string())?,
+        Some(map) => rope_scaling(&Value::Object(map))?,
         None => {
             if let Some(other) = fields.get("rope_scaling") {
                 return Err(fields.type_error("rope_scaling", "an object or null", other));
@@ -363,6 +369,53 @@ fn read_rope(fields: &Fields) -> Result<RopeConfig, ConfigError> {
         }
     };
     Ok(RopeConfig::new().with_theta(theta).with_scaling(scaling))
+}
+
+/// Hugging Face's RoPE scaling, the object of 4.x's `rope_scaling` or of 5's `rope_parameters`
+/// (`{"rope_type": "llama3", "factor": 8.0, …}`; `"type"` is accepted for `"rope_type"`, as
+/// transformers 4 wrote it). A missing or `"default"` type is no scaling, `"linear"` and
+/// `"llama3"` read their parameters, any other type is an error naming it; other keys
+/// (`rope_theta`, …) are left to the caller.
+pub fn rope_scaling(value: &Value) -> Result<RopeScaling, ConfigError> {
+    let wrong = |field, expected, found: Option<&Value>| ConfigError::RopeScaling {
+        field,
+        expected,
+        found: found.map_or_else(|| "nothing".to_string(), Value::to_string),
+    };
+    let Value::Object(object) = value else {
+        return Err(wrong("rope_scaling", "an object", Some(value)));
+    };
+    let number = |field: &'static str| {
+        let value = object.get(field);
+        value
+            .and_then(Value::as_f64)
+            .ok_or_else(|| wrong(field, "a number", value))
+    };
+    let kind = match object.get("rope_type").or_else(|| object.get("type")) {
+        None => "default",
+        Some(Value::String(kind)) => kind.as_str(),
+        Some(other) => return Err(wrong("rope_type", "a string", Some(other))),
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: number("factor")?,
+        }),
+        "llama3" => {
+            let field = "original_max_position_embeddings";
+            let original = object.get(field);
+            Ok(RopeScaling::Llama3(Llama3Scaling {
+                factor: number("factor")?,
+                low_freq_factor: number("low_freq_factor")?,
+                high_freq_factor: number("high_freq_factor")?,
+                original_max_position_embeddings: original
+                    .and_then(Value::as_u64)
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| wrong(field, "a whole number", original))?,
+            }))
+        }
+        other => Err(ConfigError::RopeType(other.to_string())),
+    }
 }
 
 /// Each layer's window: Mistral's `sliding_window` on every layer; Qwen2's on the layers that
@@ -567,5 +620,78 @@ impl SpecialTokens {
             self.pad = Some(id(value, "pad_token_id")?);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn rope_scaling_reads_default_linear_and_llama3() {
+        assert_eq!(rope_scaling(&json!({})).unwrap(), RopeScaling::None);
+        assert_eq!(
+            rope_scaling(&json!({"rope_type": "default", "rope_theta": 10000.0})).unwrap(),
+            RopeScaling::None
+        );
+        // transformers 4 wrote `type`.
+        assert_eq!(
+            rope_scaling(&json!({"type": "linear", "factor": 2.0})).unwrap(),
+            RopeScaling::Linear { factor: 2.0 }
+        );
+        let llama3 = json!({
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192
+        });
+        assert_eq!(
+            rope_scaling(&llama3).unwrap(),
+            RopeScaling::Llama3(Llama3Scaling {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192,
+            })
+        );
+    }
+
+    #[test]
+    fn rope_scaling_names_what_is_wrong() {
+        let error = |value: Value| rope_scaling(&value).unwrap_err();
+        let yarn = error(json!({"rope_type": "yarn", "factor": 4.0}));
+        assert!(matches!(&yarn, ConfigError::RopeType(kind) if kind == "yarn"));
+        assert!(
+            yarn.to_string()
+                .contains("rope_type `yarn` is not supported"),
+            "{yarn}"
+        );
+        assert!(matches!(
+            error(json!({"rope_type": "linear"})),
+            ConfigError::RopeScaling { field: "factor", found, .. } if found == "nothing"
+        ));
+        assert!(matches!(
+            error(json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": -1})),
+            ConfigError::RopeScaling { field: "original_max_position_embeddings", found, .. }
+                if found == "-1"
+        ));
+        assert!(matches!(
+            error(json!({"rope_type": 3})),
+            ConfigError::RopeScaling {
+                field: "rope_type",
+                ..
+            }
+        ));
+        assert!(matches!(
+            error(json!([1.0])),
+            ConfigError::RopeScaling {
+                field: "rope_scaling",
+                ..
+            }
+        ));
     }
 }

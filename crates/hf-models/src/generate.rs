@@ -5,18 +5,17 @@
 
 use burn::prelude::*;
 use burn::tensor::{Bool, TensorData};
+use gpt::{LmInput, Logits, Sampler, Sampling, SamplingError};
 use thiserror::Error;
 
-use crate::decoder::Logits;
-use crate::model::{CausalLm, LmInput, ModelError};
-use crate::sampling::{Sampler, Sampling};
+use crate::model::{CausalLm, ModelError};
 
 /// Why generation could not run.
 #[derive(Debug, Error)]
 pub enum GenerateError {
     /// The prompts are not a batch of left-padded rows.
     #[error("prompts: {0}")]
-    Prompts(String),
+    Prompts(#[from] PromptsError),
     /// A prompt token outside the vocabulary.
     #[error(
         "prompt row {row}, column {column}: token id {token} is outside the vocabulary of {vocab_size}"
@@ -45,10 +44,74 @@ pub enum GenerateError {
     },
     /// Sampling settings out of range.
     #[error("sampling: {0}")]
-    Sampling(String),
+    Sampling(#[from] SamplingError),
     /// The forward pass failed.
     #[error(transparent)]
     Model(#[from] ModelError),
+}
+
+/// Why rows of tokens are not a batch of left-padded prompts.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PromptsError {
+    /// No rows, or a row without tokens.
+    #[error("every prompt needs at least one token")]
+    EmptyPrompt,
+    /// A batch or a length of 0.
+    #[error("an empty batch [{batch}, {len}]")]
+    EmptyBatch {
+        /// Rows.
+        batch: usize,
+        /// Columns.
+        len: usize,
+    },
+    /// `input_ids` or `attention_mask` does not hold `batch · len` values.
+    #[error("input_ids has {ids} values and attention_mask {mask}, {shape:?} needs {needed}")]
+    Values {
+        /// Values of `input_ids`.
+        ids: usize,
+        /// Values of `attention_mask`.
+        mask: usize,
+        /// `[batch, len]`.
+        shape: [usize; 2],
+        /// `batch · len`.
+        needed: usize,
+    },
+    /// A mask value other than 0 and 1.
+    #[error("attention_mask row {row} holds {value}, not 0 or 1")]
+    MaskValue {
+        /// The row.
+        row: usize,
+        /// The value.
+        value: i64,
+    },
+    /// Padding after a real token.
+    #[error(
+        "attention_mask row {row} has padding after a real token: only left padding is supported \
+         (generated tokens follow the last column)"
+    )]
+    RightPadding {
+        /// The row.
+        row: usize,
+    },
+    /// A row of padding only.
+    #[error("attention_mask row {row} is all padding")]
+    AllPadding {
+        /// The row.
+        row: usize,
+    },
+    /// An id that no token has.
+    #[error(
+        "input_ids row {row}, column {column} holds {id}, which is no token id (ids are whole \
+         numbers from 0 to the vocabulary size − 1)"
+    )]
+    TokenId {
+        /// The row.
+        row: usize,
+        /// The column.
+        column: usize,
+        /// The id.
+        id: i64,
+    },
 }
 
 /// A batch of prompts of one length, shorter rows padded on the left.
@@ -65,9 +128,7 @@ impl Prompts {
     pub fn left_padded(rows: &[Vec<u32>], pad_id: u32) -> Result<Self, GenerateError> {
         let len = rows.iter().map(Vec::len).max().unwrap_or(0);
         if rows.is_empty() || rows.iter().any(Vec::is_empty) {
-            return Err(GenerateError::Prompts(
-                "every prompt needs at least one token".into(),
-            ));
+            return Err(PromptsError::EmptyPrompt.into());
         }
         let mut ids = Vec::with_capacity(rows.len() * len);
         let mut real = Vec::with_capacity(rows.len() * len);
@@ -91,41 +152,34 @@ impl Prompts {
         mask: &[i64],
         [batch, len]: [usize; 2],
     ) -> Result<Self, GenerateError> {
-        let problem = |why: String| Err(GenerateError::Prompts(why));
         if batch == 0 || len == 0 {
-            return problem(format!("an empty batch [{batch}, {len}]"));
+            return Err(PromptsError::EmptyBatch { batch, len }.into());
         }
-        if ids.len() != batch * len || mask.len() != batch * len {
-            return problem(format!(
-                "input_ids has {} values and attention_mask {}, [{batch}, {len}] needs {}",
-                ids.len(),
-                mask.len(),
-                batch * len
-            ));
+        let needed = batch.saturating_mul(len);
+        if ids.len() != needed || mask.len() != needed {
+            return Err(PromptsError::Values {
+                ids: ids.len(),
+                mask: mask.len(),
+                shape: [batch, len],
+                needed,
+            }
+            .into());
         }
         for (row, values) in mask.chunks(len).enumerate() {
-            if let Some(bad) = values.iter().find(|&&m| m != 0 && m != 1) {
-                return problem(format!("attention_mask row {row} holds {bad}, not 0 or 1"));
+            if let Some(&value) = values.iter().find(|&&m| m != 0 && m != 1) {
+                return Err(PromptsError::MaskValue { row, value }.into());
             }
             if values.windows(2).any(|pair| pair == [1, 0]) {
-                return problem(format!(
-                    "attention_mask row {row} has padding after a real token: only left padding \
-                     is supported (generated tokens follow the last column)"
-                ));
+                return Err(PromptsError::RightPadding { row }.into());
             }
             if values.iter().all(|&m| m == 0) {
-                return problem(format!("attention_mask row {row} is all padding"));
+                return Err(PromptsError::AllPadding { row }.into());
             }
         }
         let mut converted = Vec::with_capacity(ids.len());
         for (i, &id) in ids.iter().enumerate() {
             let (row, column) = (i / len, i % len);
-            let id = u32::try_from(id).map_err(|_| {
-                GenerateError::Prompts(format!(
-                    "input_ids row {row}, column {column} holds {id}, which is no token id \
-                     (ids are whole numbers from 0 to the vocabulary size − 1)"
-                ))
-            })?;
+            let id = u32::try_from(id).map_err(|_| PromptsError::TokenId { row, column, id })?;
             converted.push(id);
         }
         Ok(Self {
@@ -223,10 +277,7 @@ impl<B: Backend> CausalLm<B> {
         config: &GenerateConfig,
         device: &B::Device,
     ) -> Result<Generation<B>, GenerateError> {
-        config
-            .sampling
-            .validate()
-            .map_err(GenerateError::Sampling)?;
+        let mut sampler = Sampler::new(&config.sampling)?;
         let [batch, len] = prompts.dims();
         let vocab_size = self.config().vocab_size();
         if let Some(i) = prompts.ids.iter().position(|&id| id as usize >= vocab_size) {
@@ -259,7 +310,6 @@ impl<B: Backend> CausalLm<B> {
             let last = self.run(&prompt_input, caches.as_deref_mut(), Logits::Last)?;
             (None, last)
         };
-        let mut sampler = Sampler::new(&config.sampling);
         let mut finished = vec![false; batch];
         // Grown step by step: `max_new_tokens` is the user's number, bounded only by a
         // `max_position_embeddings` from config.json.

@@ -3,11 +3,12 @@
 //! embedding.
 
 use attention_core::MultiHeadAttentionConfig;
+use burn::nn::DropoutConfig;
 use burn::prelude::*;
+use gpt::{Decoder, DecoderBlock, Mlp, Norm, PlainMlp};
 
 use crate::checkpoint::{Checkpoint, LoadError, Size};
 use crate::config::Gpt2Config;
-use crate::decoder::{Decoder, DecoderBlock, GeluMlp, Mlp, Norm};
 
 /// Builds GPT-2 from a checkpoint's tensors (named with or without `transformer.`).
 pub(crate) fn load<B: Backend>(
@@ -51,11 +52,11 @@ pub(crate) fn load<B: Backend>(
     let blocks = (0..config.num_layers)
         .map(|i| {
             let prefix = format!("{base}h.{i}.");
-            Ok(DecoderBlock {
-                attention_norm: layer_norm(checkpoint, &format!("{prefix}ln_1"))?,
-                attention: checkpoint.attention(&format!("{prefix}attn."), &attention, device)?,
-                mlp_norm: layer_norm(checkpoint, &format!("{prefix}ln_2"))?,
-                mlp: Mlp::Gelu(GeluMlp {
+            Ok(DecoderBlock::pre_norm(
+                layer_norm(checkpoint, &format!("{prefix}ln_1"))?,
+                checkpoint.attention(&format!("{prefix}attn."), &attention, device)?,
+                layer_norm(checkpoint, &format!("{prefix}ln_2"))?,
+                Mlp::Plain(PlainMlp {
                     fc: checkpoint.conv1d(&format!("{prefix}mlp.c_fc"), [width, mlp], device)?,
                     projection: checkpoint.conv1d(
                         &format!("{prefix}mlp.c_proj"),
@@ -64,7 +65,7 @@ pub(crate) fn load<B: Backend>(
                     )?,
                     activation: config.activation,
                 }),
-            })
+            ))
         })
         .collect::<Result<_, LoadError>>()?;
     Ok(Decoder {
@@ -78,6 +79,7 @@ pub(crate) fn load<B: Backend>(
             [config.max_positions, width],
             device,
         )?),
+        dropout: DropoutConfig::new(0.0).init(),
         blocks,
         final_norm: layer_norm(checkpoint, &format!("{base}ln_f"))?,
         lm_head: checkpoint.lm_head(

@@ -1,6 +1,6 @@
-//! Causal language models from Hugging Face checkpoints, built from
-//! [`attention_core::MultiHeadAttention`]: GPT-2 and the Llama family (Llama, Mistral, Qwen2),
-//! generic over the Burn backend, giving transformers' logits and tokens.
+//! Causal language models from Hugging Face checkpoints: GPT-2 and the Llama family (Llama,
+//! Mistral, Qwen2) loaded into [`gpt`]'s one [`Decoder`], generic over the Burn backend, giving
+//! transformers' logits and tokens.
 //!
 //! ```no_run
 //! use burn::backend::NdArray;
@@ -15,31 +15,35 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! The network itself — blocks, norms, MLPs, caches, the sampler — is the `gpt` crate's; this
+//! crate keeps what is Hugging Face's:
+//!
 //! - `config.rs`: `config.json` read into a [`ModelConfig`]; anything that changes the
-//!   computation and is not implemented is an error naming the field.
+//!   computation and is not implemented is an error naming the field. [`rope_scaling`] reads
+//!   transformers' RoPE scaling JSON.
 //! - `checkpoint.rs`: the directory's files (`model.safetensors`, or shards), tensors taken by
 //!   name, extra ones refused.
-//! - `decoder.rs`: the network both architectures are, a [`Decoder`] of pre-norm blocks, with and
-//!   without KV caches.
-//! - `gpt2.rs`, `llama.rs`: which parts each architecture takes, and its tensors' names.
+//! - `gpt2.rs`, `llama.rs`: which parts of the [`Decoder`] each architecture takes, and its
+//!   tensors' names.
 //! - `model.rs`: [`CausalLm`], a loaded checkpoint and the checks of a forward pass's input.
-//! - `generate.rs`, `sampling.rs`: batched generation from left-padded [`Prompts`].
+//! - `generate.rs`: batched generation from left-padded [`Prompts`].
 #![warn(missing_docs)]
 
 mod checkpoint;
 mod config;
-mod decoder;
 mod generate;
 mod gpt2;
 mod llama;
 mod model;
-mod sampling;
 
 pub use checkpoint::{LoadError, read_config, read_special_tokens, read_weights};
 pub use config::{
-    ConfigError, Gelu, Gpt2Config, LlamaConfig, LlamaFamily, ModelConfig, SpecialTokens, Windows,
+    ConfigError, Gpt2Config, LlamaConfig, LlamaFamily, ModelConfig, SpecialTokens, Windows,
+    rope_scaling,
 };
-pub use decoder::{Decoder, DecoderBlock, GeluMlp, Mlp, Norm, SwiGlu};
-pub use generate::{GenerateConfig, GenerateError, Generation, Prompts};
-pub use model::{CausalLm, LmInput, ModelError};
-pub use sampling::Sampling;
+pub use generate::{GenerateConfig, GenerateError, Generation, Prompts, PromptsError};
+pub use gpt::{
+    Activation, Decoder, DecoderBlock, GatedMlp, LmInput, Mlp, Norm, PlainMlp, Sampling,
+    SamplingError,
+};
+pub use model::{CausalLm, ModelError};

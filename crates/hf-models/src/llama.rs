@@ -3,11 +3,12 @@
 //! window for Mistral, query, key and value biases for Qwen2), a SwiGLU MLP and an LM head.
 
 use attention_core::MultiHeadAttentionConfig;
+use burn::nn::DropoutConfig;
 use burn::prelude::*;
+use gpt::{Activation, Decoder, DecoderBlock, GatedMlp, Mlp, Norm};
 
 use crate::checkpoint::{Checkpoint, LoadError, Size};
 use crate::config::LlamaConfig;
-use crate::decoder::{Decoder, DecoderBlock, Mlp, Norm, SwiGlu};
 
 impl LlamaConfig {
     /// The attention layer of block `layer`.
@@ -88,20 +89,17 @@ pub(crate) fn load<B: Backend>(
                 let name = format!("{prefix}mlp.{name}");
                 checkpoint.linear(&name, shape, config.mlp_bias, device)
             };
-            Ok(DecoderBlock {
-                attention_norm: rms_norm(checkpoint, &format!("{prefix}input_layernorm"))?,
-                attention: checkpoint.attention(
-                    &format!("{prefix}self_attn."),
-                    &attention,
-                    device,
-                )?,
-                mlp_norm: rms_norm(checkpoint, &format!("{prefix}post_attention_layernorm"))?,
-                mlp: Mlp::SwiGlu(SwiGlu {
+            Ok(DecoderBlock::pre_norm(
+                rms_norm(checkpoint, &format!("{prefix}input_layernorm"))?,
+                checkpoint.attention(&format!("{prefix}self_attn."), &attention, device)?,
+                rms_norm(checkpoint, &format!("{prefix}post_attention_layernorm"))?,
+                Mlp::Gated(GatedMlp {
                     gate: linear(checkpoint, "gate_proj", [width, mlp])?,
                     up: linear(checkpoint, "up_proj", [width, mlp])?,
                     down: linear(checkpoint, "down_proj", [mlp, width])?,
+                    activation: Activation::Silu,
                 }),
-            })
+            ))
         })
         .collect::<Result<_, LoadError>>()?;
     Ok(Decoder {
@@ -111,6 +109,7 @@ pub(crate) fn load<B: Backend>(
             device,
         )?,
         position_embedding: None,
+        dropout: DropoutConfig::new(0.0).init(),
         blocks,
         final_norm: rms_norm(checkpoint, &format!("{base}norm"))?,
         lm_head: checkpoint.lm_head(

@@ -5,12 +5,11 @@ use std::path::Path;
 
 use attention_core::{AttentionError, KvCache};
 use burn::prelude::*;
-use burn::tensor::Bool;
+use gpt::{Decoder, DecoderError, LmInput, Logits};
 use thiserror::Error;
 
 use crate::checkpoint::{Checkpoint, LoadError, read_config, read_special_tokens, read_weights};
 use crate::config::{ModelConfig, SpecialTokens};
-use crate::decoder::{Decoder, Logits};
 use crate::{gpt2, llama};
 
 /// Why a forward pass could not run.
@@ -35,24 +34,31 @@ pub enum ModelError {
         /// `max_position_embeddings` / `n_positions`.
         max_positions: usize,
     },
-    /// The tokens, positions and padding disagree in shape, or the caches are not one per layer.
-    #[error("{0}")]
-    Shape(String),
+    /// The positions' shape is not the tokens'.
+    #[error("tokens are {tokens:?} but positions are {positions:?}")]
+    PositionsShape {
+        /// The tokens' `[batch, seq]`.
+        tokens: [usize; 2],
+        /// The positions' shape.
+        positions: [usize; 2],
+    },
+    /// The caches are not one per layer.
+    #[error("{found} caches for {layers} layers")]
+    Caches {
+        /// The caches given.
+        found: usize,
+        /// The model's layers.
+        layers: usize,
+    },
 }
 
-/// Tokens to run, with their positions and the padding of every key they attend to.
-///
-/// # Shapes
-/// - `tokens`, `positions`: `[batch, seq]`
-/// - `key_padding`: `[batch, cached + seq]`, `true` = padding (a left-padded prompt's pads)
-#[derive(Debug, Clone)]
-pub struct LmInput<B: Backend> {
-    /// Token ids.
-    pub tokens: Tensor<B, 2, Int>,
-    /// Each token's position: RoPE's angle, GPT-2's learned position.
-    pub positions: Tensor<B, 2, Int>,
-    /// Keys no query may attend to; `None` when there are none.
-    pub key_padding: Option<Tensor<B, 2, Bool>>,
+impl From<DecoderError> for ModelError {
+    fn from(error: DecoderError) -> Self {
+        match error {
+            DecoderError::Attention(error) => Self::Attention(error),
+            DecoderError::Caches { found, layers } => Self::Caches { found, layers },
+        }
+    }
 }
 
 /// A causal language model loaded from a Hugging Face checkpoint directory.
@@ -117,11 +123,7 @@ impl<B: Backend> CausalLm<B> {
 
     /// One empty KV cache per block, for [`forward_cached`](Self::forward_cached).
     pub fn new_caches(&self) -> Vec<KvCache<B>> {
-        self.decoder
-            .blocks
-            .iter()
-            .map(|block| block.attention.new_cache())
-            .collect()
+        self.decoder.new_caches()
     }
 
     /// The logits of every token of a whole sequence.
@@ -146,13 +148,6 @@ impl<B: Backend> CausalLm<B> {
         caches: &mut [KvCache<B>],
     ) -> Result<Tensor<B, 3>, ModelError> {
         self.check(input)?;
-        let layers = self.decoder.blocks.len();
-        if caches.len() != layers {
-            return Err(ModelError::Shape(format!(
-                "{} caches for {layers} layers",
-                caches.len()
-            )));
-        }
         self.run(input, Some(caches), Logits::All)
     }
 
@@ -164,7 +159,9 @@ impl<B: Backend> CausalLm<B> {
         caches: Option<&mut [KvCache<B>]>,
         logits: Logits,
     ) -> Result<Tensor<B, 3>, ModelError> {
-        self.decoder.forward(input, caches, logits)
+        self.decoder
+            .forward_with(input, caches, logits)
+            .map_err(ModelError::from)
     }
 
     /// Token ids within the vocabulary, positions within the model's range, matching shapes:
@@ -172,10 +169,10 @@ impl<B: Backend> CausalLm<B> {
     fn check(&self, input: &LmInput<B>) -> Result<(), ModelError> {
         let dims = input.tokens.dims();
         if input.positions.dims() != dims {
-            return Err(ModelError::Shape(format!(
-                "tokens are {dims:?} but positions are {:?}",
-                input.positions.dims()
-            )));
+            return Err(ModelError::PositionsShape {
+                tokens: dims,
+                positions: input.positions.dims(),
+            });
         }
         let range = |tensor: &Tensor<B, 2, Int>| {
             let [min, max] =

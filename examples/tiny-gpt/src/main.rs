@@ -204,9 +204,10 @@ fn main() -> ExitCode {
             let sampling = if temperature == 0.0 {
                 Sampling::Greedy
             } else {
-                Sampling::TopK {
-                    k: top_k,
+                Sampling::Sample {
                     temperature,
+                    top_k: Some(top_k),
+                    top_p: None,
                     seed,
                 }
             };

@@ -1,13 +1,20 @@
-//! The model: embeddings, blocks, final norm, language-model head.
+//! The book's GPT as a configuration of the [`Decoder`]: learned positions, LayerNorm
+//! (eps 1e-5), the gated-GELU feed-forward of hidden width `4 · d_model` without biases, a
+//! bias-free LM head of its own, and dropout on the embeddings, the attention weights and both
+//! residual branches; checked before anything is allocated, and its parameters' names and
+//! shapes computed from it alone.
 
-use attention_core::{AttentionError, KvCache};
-use burn::nn::{
-    Dropout, DropoutConfig, Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear,
-    LinearConfig,
-};
+use attention_core::MultiHeadAttentionConfig;
+use burn::nn::{DropoutConfig, EmbeddingConfig, LayerNormConfig, LinearConfig};
 use burn::prelude::*;
 
-use crate::block::{TransformerBlock, TransformerBlockConfig};
+use crate::block::DecoderBlock;
+use crate::decoder::Decoder;
+use crate::mlp::{Activation, GatedMlp, Mlp};
+use crate::norm::Norm;
+
+/// The book's GPT: a [`Decoder`] as [`GptConfig::init`] builds it.
+pub type GptModel<B> = Decoder<B>;
 
 /// Configuration of a [`GptModel`].
 #[derive(Config, Debug)]
@@ -174,114 +181,33 @@ impl GptConfig {
     /// # Panics
     /// When the config is invalid (see [`validate`](Self::validate)).
     pub fn init<B: Backend>(&self, device: &B::Device) -> GptModel<B> {
-        let block = TransformerBlockConfig::new(self.d_model, self.num_heads, self.context_length)
+        let (d, hidden) = (self.d_model, 4 * self.d_model);
+        let layer_norm = || Norm::Layer(LayerNormConfig::new(d).with_epsilon(1e-5).init(device));
+        let linear = |i, o| LinearConfig::new(i, o).with_bias(false).init(device);
+        let attention = MultiHeadAttentionConfig::new(d, d, self.context_length, self.num_heads)
             .with_dropout(self.dropout)
             .with_qkv_bias(self.qkv_bias);
-        GptModel {
-            token_embedding: EmbeddingConfig::new(self.vocab_size, self.d_model).init(device),
-            position_embedding: EmbeddingConfig::new(self.context_length, self.d_model)
-                .init(device),
+        let block = || DecoderBlock {
             dropout: DropoutConfig::new(self.dropout).init(),
-            blocks: (0..self.num_layers).map(|_| block.init(device)).collect(),
-            final_norm: LayerNormConfig::new(self.d_model)
-                .with_epsilon(1e-5)
-                .init(device),
-            lm_head: LinearConfig::new(self.d_model, self.vocab_size)
-                .with_bias(false)
-                .init(device),
+            ..DecoderBlock::pre_norm(
+                layer_norm(),
+                attention.init(device),
+                layer_norm(),
+                Mlp::Gated(GatedMlp {
+                    gate: linear(d, hidden),
+                    up: linear(d, hidden),
+                    down: linear(hidden, d),
+                    activation: Activation::Gelu,
+                }),
+            )
+        };
+        Decoder {
+            token_embedding: EmbeddingConfig::new(self.vocab_size, d).init(device),
+            position_embedding: Some(EmbeddingConfig::new(self.context_length, d).init(device)),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            blocks: (0..self.num_layers).map(|_| block()).collect(),
+            final_norm: layer_norm(),
+            lm_head: Some(linear(d, self.vocab_size)),
         }
-    }
-}
-
-/// A GPT: `lm_head(norm(blocks(dropout(token_embedding + position_embedding))))`.
-#[derive(Module, Debug)]
-pub struct GptModel<B: Backend> {
-    /// Token embeddings, `[vocab_size, d_model]`.
-    pub token_embedding: Embedding<B>,
-    /// Learned position embeddings, `[context_length, d_model]`.
-    pub position_embedding: Embedding<B>,
-    /// Dropout on the summed embeddings.
-    pub dropout: Dropout,
-    /// The transformer blocks.
-    pub blocks: Vec<TransformerBlock<B>>,
-    /// Norm after the last block.
-    pub final_norm: LayerNorm<B>,
-    /// `d_model → vocab_size`, no bias.
-    pub lm_head: Linear<B>,
-}
-
-impl<B: Backend> GptModel<B> {
-    /// The longest sequence the model accepts.
-    pub fn context_length(&self) -> usize {
-        self.position_embedding.weight.dims()[0]
-    }
-
-    /// The number of distinct tokens.
-    pub fn vocab_size(&self) -> usize {
-        self.token_embedding.weight.dims()[0]
-    }
-
-    /// Next-token logits at every position.
-    ///
-    /// # Shapes
-    /// - `tokens`: `[batch, seq]` with `seq ≤ context_length`
-    /// - output: `[batch, seq, vocab_size]`
-    ///
-    /// # Panics
-    /// When `seq` exceeds `context_length`.
-    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        let mut x = self.embed(tokens, 0).unwrap_or_else(|e| panic!("{e}"));
-        for block in &self.blocks {
-            x = block.forward(x);
-        }
-        self.lm_head.forward(self.final_norm.forward(x))
-    }
-
-    /// One empty cache per block, for [`forward_cached`](Self::forward_cached).
-    pub fn new_caches(&self) -> Vec<KvCache<B>> {
-        self.blocks
-            .iter()
-            .map(|block| block.attention.new_cache())
-            .collect()
-    }
-
-    /// Logits for tokens that follow those already in `caches` (one per block).
-    ///
-    /// # Shapes
-    /// - `tokens`: `[batch, new]`
-    /// - output: `[batch, new, vocab_size]`
-    pub fn forward_cached(
-        &self,
-        tokens: Tensor<B, 2, Int>,
-        caches: &mut [KvCache<B>],
-    ) -> Result<Tensor<B, 3>, AttentionError> {
-        let past = caches.first().map_or(0, KvCache::len);
-        let mut x = self.embed(tokens, past)?;
-        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
-            x = block.forward_cached(x, cache)?;
-        }
-        Ok(self.lm_head.forward(self.final_norm.forward(x)))
-    }
-
-    /// Token plus position embeddings for tokens at positions `past..past + seq`.
-    fn embed(
-        &self,
-        tokens: Tensor<B, 2, Int>,
-        past: usize,
-    ) -> Result<Tensor<B, 3>, AttentionError> {
-        let [batch, seq] = tokens.dims();
-        let context_length = self.context_length();
-        if past + seq > context_length {
-            return Err(AttentionError::ContextOverflow {
-                seq: past + seq,
-                context_length,
-            });
-        }
-        let device = tokens.device();
-        let positions = Tensor::<B, 1, Int>::arange(past as i64..(past + seq) as i64, &device)
-            .reshape([1, seq])
-            .expand([batch, seq]);
-        let x = self.token_embedding.forward(tokens) + self.position_embedding.forward(positions);
-        Ok(self.dropout.forward(x))
     }
 }

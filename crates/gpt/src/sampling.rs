@@ -3,6 +3,7 @@
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use thiserror::Error;
 
 /// How the next token is chosen.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,9 +25,23 @@ pub enum Sampling {
     },
 }
 
+/// A [`Sampling`] setting out of range.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum SamplingError {
+    /// The temperature is not a finite number above 0.
+    #[error("temperature {0} must be above 0")]
+    Temperature(f64),
+    /// `top_k` is 0.
+    #[error("top_k {0} must be at least 1")]
+    TopK(usize),
+    /// `top_p` is outside `(0, 1]`.
+    #[error("top_p {0} must be in (0, 1]")]
+    TopP(f64),
+}
+
 impl Sampling {
     /// Errors naming a setting out of range.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SamplingError> {
         if let Self::Sample {
             temperature,
             top_k,
@@ -35,15 +50,15 @@ impl Sampling {
         } = *self
         {
             if !(temperature.is_finite() && temperature > 0.0) {
-                return Err(format!("temperature {temperature} must be above 0"));
+                return Err(SamplingError::Temperature(temperature));
             }
-            if top_k == Some(0) {
-                return Err("top_k must be at least 1".into());
+            if let Some(k @ 0) = top_k {
+                return Err(SamplingError::TopK(k));
             }
             if let Some(p) = top_p
                 && !(p > 0.0 && p <= 1.0)
             {
-                return Err(format!("top_p {p} must be in (0, 1]"));
+                return Err(SamplingError::TopP(p));
             }
         }
         Ok(())
@@ -51,25 +66,31 @@ impl Sampling {
 }
 
 /// Chooses tokens, holding the random state of a sampled generation.
-pub(crate) struct Sampler {
+#[derive(Debug)]
+pub struct Sampler {
     sampling: Sampling,
     rng: StdRng,
 }
 
 impl Sampler {
-    pub(crate) fn new(sampling: &Sampling) -> Self {
+    /// A sampler of `sampling`'s settings (checked), its random state seeded.
+    pub fn new(sampling: &Sampling) -> Result<Self, SamplingError> {
+        sampling.validate()?;
         let seed = match sampling {
             Sampling::Greedy => 0,
             Sampling::Sample { seed, .. } => *seed,
         };
-        Self {
+        Ok(Self {
             sampling: sampling.clone(),
             rng: StdRng::seed_from_u64(seed),
-        }
+        })
     }
 
     /// The next token of a row with these logits.
-    pub(crate) fn pick(&mut self, logits: &[f32]) -> usize {
+    ///
+    /// # Shapes
+    /// - `logits`: `[vocab]`
+    pub fn pick(&mut self, logits: &[f32]) -> usize {
         match self.sampling {
             Sampling::Greedy => argmax(logits),
             Sampling::Sample {
@@ -94,7 +115,7 @@ impl Sampler {
 }
 
 /// The index of the largest value, the first of equals; NaN never wins.
-pub(crate) fn argmax(values: &[f32]) -> usize {
+fn argmax(values: &[f32]) -> usize {
     let mut best = 0;
     for (i, &value) in values.iter().enumerate() {
         if value > values[best] || values[best].is_nan() && !value.is_nan() {
@@ -180,7 +201,7 @@ mod tests {
         };
         let logits = [0.0, (3.0f32).ln(), f32::NEG_INFINITY];
         let draws = |n| {
-            let mut sampler = Sampler::new(&sampling);
+            let mut sampler = Sampler::new(&sampling).unwrap();
             (0..n).map(|_| sampler.pick(&logits)).collect::<Vec<_>>()
         };
         assert_eq!(draws(50), draws(50));
@@ -191,31 +212,33 @@ mod tests {
     }
 
     #[test]
-    fn bad_settings_are_named() {
+    fn bad_settings_are_named_with_their_values() {
         let sample = |temperature, top_k, top_p| Sampling::Sample {
             temperature,
             top_k,
             top_p,
             seed: 0,
         };
-        assert!(
-            sample(0.0, None, None)
-                .validate()
-                .unwrap_err()
-                .contains("temperature")
+        let error = |sampling: Sampling| sampling.validate().unwrap_err();
+        assert_eq!(
+            error(sample(0.0, None, None)),
+            SamplingError::Temperature(0.0)
+        );
+        assert!(matches!(
+            error(sample(f64::NAN, None, None)),
+            SamplingError::Temperature(t) if t.is_nan()
+        ));
+        assert_eq!(error(sample(1.0, Some(0), None)), SamplingError::TopK(0));
+        assert_eq!(
+            error(sample(1.0, None, Some(1.5))),
+            SamplingError::TopP(1.5)
         );
         assert!(
-            sample(1.0, Some(0), None)
-                .validate()
-                .unwrap_err()
-                .contains("top_k")
-        );
-        assert!(
-            sample(1.0, None, Some(1.5))
-                .validate()
-                .unwrap_err()
-                .contains("top_p")
+            error(sample(-1.0, None, None))
+                .to_string()
+                .contains("temperature -1")
         );
         assert!(sample(0.7, Some(5), Some(0.9)).validate().is_ok());
+        assert!(Sampler::new(&sample(1.0, Some(0), None)).is_err());
     }
 }

@@ -1,0 +1,198 @@
+//! The decoder-only transformer every model here is: token embeddings (plus learned positions
+//! where a family has them), the blocks, a final norm and the LM head, with and without the
+//! blocks' KV caches.
+
+use attention_core::{AttentionError, KvCache};
+use burn::nn::{Dropout, Embedding, Linear};
+use burn::prelude::*;
+use thiserror::Error;
+
+use crate::block::{DecoderBlock, per_token};
+use crate::input::{LmInput, Logits};
+use crate::norm::Norm;
+
+/// Why a forward pass of a [`Decoder`] could not run.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum DecoderError {
+    /// The attention layers refused the input (context overflow, mismatched cache, shapes).
+    #[error(transparent)]
+    Attention(#[from] AttentionError),
+    /// The caches are not one per block.
+    #[error("{found} caches for {layers} layers")]
+    Caches {
+        /// The caches given.
+        found: usize,
+        /// The blocks.
+        layers: usize,
+    },
+}
+
+/// A decoder-only language model:
+/// `lm_head(final_norm(blocks(dropout(token_embedding + position_embedding))))`.
+///
+/// Families differ in its parts, not in its code: learned positions (GPT-2, the book's GPT) or
+/// rotary ones inside the attention (the Llama family), which [`Norm`] and
+/// [`Mlp`](crate::Mlp), where a block puts its norms, a separate or a tied LM head.
+#[derive(Module, Debug)]
+pub struct Decoder<B: Backend> {
+    /// Token embeddings, `[vocab, width]` (GPT-2's `wte`, the Llama family's `embed_tokens`).
+    pub token_embedding: Embedding<B>,
+    /// Learned positions, `[positions, width]` (GPT-2's `wpe`); `None` where the attention
+    /// rotates by position instead (the Llama family).
+    pub position_embedding: Option<Embedding<B>>,
+    /// Dropout on the summed embeddings: active only while training (under autodiff).
+    pub dropout: Dropout,
+    /// The blocks, in order.
+    pub blocks: Vec<DecoderBlock<B>>,
+    /// Norm after the last block (GPT-2's `ln_f`, the Llama family's `norm`).
+    pub final_norm: Norm<B>,
+    /// `width → vocab` (`lm_head`), or `None` when it is tied to the token embedding.
+    pub lm_head: Option<Linear<B>>,
+}
+
+impl<B: Backend> Decoder<B> {
+    /// The number of distinct tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.token_embedding.weight.dims()[0]
+    }
+
+    /// The longest sequence the model accepts: its learned positions, or its attention layers'
+    /// `context_length` (`usize::MAX` for a model with neither).
+    pub fn context_length(&self) -> usize {
+        match (&self.position_embedding, self.blocks.first()) {
+            (Some(positions), _) => positions.weight.dims()[0],
+            (None, Some(block)) => block.attention.context_length(),
+            (None, None) => usize::MAX,
+        }
+    }
+
+    /// One empty KV cache per block, for [`forward_cached`](Self::forward_cached) and
+    /// [`forward_with`](Self::forward_with).
+    pub fn new_caches(&self) -> Vec<KvCache<B>> {
+        self.blocks
+            .iter()
+            .map(|block| block.attention.new_cache())
+            .collect()
+    }
+
+    /// Next-token logits at every position of sequences that start at position 0.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]` with `seq ≤ context_length`
+    /// - output: `[batch, seq, vocab]`
+    ///
+    /// # Panics
+    /// When `seq` exceeds `context_length`.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        self.forward_tokens(tokens, None, Logits::All)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Logits for tokens that follow those already in `caches` (one per block, from
+    /// [`new_caches`](Self::new_caches)), at the positions after them.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, new]`
+    /// - output: `[batch, new, vocab]`
+    pub fn forward_cached(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        caches: &mut [KvCache<B>],
+    ) -> Result<Tensor<B, 3>, DecoderError> {
+        self.forward_tokens(tokens, Some(caches), Logits::All)
+    }
+
+    /// Tokens at the positions after those cached (after none without caches), checked against
+    /// the context first: a learned position past the last would read outside its table.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`
+    /// - output: `[batch, seq, vocab]`, or `[batch, 1, vocab]` with `Logits::Last`
+    pub(crate) fn forward_tokens(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        caches: Option<&mut [KvCache<B>]>,
+        logits: Logits,
+    ) -> Result<Tensor<B, 3>, DecoderError> {
+        let past = caches
+            .as_deref()
+            .and_then(|caches| caches.first())
+            .map_or(0, KvCache::len);
+        let seq = tokens.dims()[1];
+        let context_length = self.context_length();
+        if past + seq > context_length {
+            return Err(AttentionError::ContextOverflow {
+                seq: past + seq,
+                context_length,
+            }
+            .into());
+        }
+        self.forward_with(&LmInput::after(tokens, past), caches, logits)
+    }
+
+    /// Logits of every token of `input` (of the last one only with [`Logits::Last`]); with
+    /// `caches` (one per block), of tokens that follow those cached, whose keys and values are
+    /// appended.
+    ///
+    /// Token ids and positions must lie within the vocabulary and the learned positions: the
+    /// caller checks them (an embedding lookup out of range reads another row or fails on the
+    /// device).
+    ///
+    /// # Shapes
+    /// - `input.tokens`, `input.positions`: `[batch, seq]`; `input.key_padding`:
+    ///   `[batch, cached + seq]`
+    /// - output: `[batch, seq, vocab]`, or `[batch, 1, vocab]` with `Logits::Last`
+    pub fn forward_with(
+        &self,
+        input: &LmInput<B>,
+        caches: Option<&mut [KvCache<B>]>,
+        logits: Logits,
+    ) -> Result<Tensor<B, 3>, DecoderError> {
+        if let Some(caches) = &caches
+            && caches.len() != self.blocks.len()
+        {
+            return Err(DecoderError::Caches {
+                found: caches.len(),
+                layers: self.blocks.len(),
+            });
+        }
+        // [batch, seq, width]
+        let mut x = self.token_embedding.forward(input.tokens.clone());
+        if let Some(positions) = &self.position_embedding {
+            x = x + positions.forward(input.positions.clone());
+        }
+        x = self.dropout.forward(x);
+        match caches {
+            Some(caches) => {
+                for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+                    x = block.forward(x, input, Some(cache))?;
+                }
+            }
+            None => {
+                for block in &self.blocks {
+                    x = block.forward(x, input, None)?;
+                }
+            }
+        }
+        if logits == Logits::Last {
+            let seq = x.dims()[1];
+            x = x.narrow(1, seq - 1, 1);
+        }
+        Ok(per_token(x, |rows| {
+            self.lm_head(self.final_norm.forward(rows))
+        }))
+    }
+
+    /// The LM head: `lm_head`, or the token embedding's transpose when tied (`h · Eᵀ`).
+    ///
+    /// # Shapes
+    /// - `rows`: `[tokens, width]`
+    /// - output: `[tokens, vocab]`
+    fn lm_head(&self, rows: Tensor<B, 2>) -> Tensor<B, 2> {
+        match &self.lm_head {
+            Some(head) => head.forward(rows),
+            // `[vocab, width]`
+            None => rows.matmul(self.token_embedding.weight.val().transpose()),
+        }
+    }
+}
