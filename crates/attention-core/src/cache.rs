@@ -1,10 +1,11 @@
 //! The key/value cache for incremental decoding.
 
+use std::ops::Range;
+
 use burn::prelude::*;
 
 use crate::error::AttentionError;
-use crate::flash::HostStorage;
-use crate::flash::kernel::KeyRows;
+use crate::kernels::{KvStorage, NewKv};
 
 /// Keys and values of the positions a layer has seen, for
 /// [`MultiHeadAttention::forward_cached`](crate::MultiHeadAttention::forward_cached).
@@ -19,10 +20,10 @@ use crate::flash::kernel::KeyRows;
 /// the generation (a move every `W` or more positions). Made by
 /// [`MultiHeadAttention::new_cache`](crate::MultiHeadAttention::new_cache).
 ///
-/// On ndarray and burn-flex (without `Autodiff`) the fused and default paths keep the keys and
-/// values in host memory in the CPU kernel's layout, which the kernel reads in place; elsewhere,
-/// and on the explicit path, in Burn tensors. A cache moves between the two when a call's path
-/// needs the other.
+/// Where a backend has a kernel of this crate's own (without `Autodiff`), the fused and default
+/// paths keep the keys and values in that kernel's storage, which it reads in place (on ndarray
+/// and burn-flex: host memory in the CPU kernel's layout); elsewhere, and on the explicit path, in
+/// Burn tensors. A cache moves between the two when a call's path needs the other.
 ///
 /// # Shapes
 /// - keys, values: `[batch, kv_heads, allocated, head_dim]` (tensors) or `[batch, allocated,
@@ -37,17 +38,7 @@ pub struct KvCache<B: Backend> {
     /// The position in storage slot 0 (positions before it were dropped by the window).
     start: usize,
     /// Allocated at the first step and grown as needed.
-    storage: Option<Storage<B>>,
-}
-
-/// Where a cache's keys and values live.
-#[derive(Debug, Clone)]
-enum Storage<B: Backend> {
-    /// `(keys, values)`, `[batch, kv_heads, allocated, head_dim]`: the layout of Burn's attention
-    /// op and the explicit path.
-    Tensors(Tensor<B, 4>, Tensor<B, 4>),
-    /// Host memory in the CPU kernel's layout.
-    Host(HostStorage),
+    storage: Option<KvStorage<B>>,
 }
 
 /// How [`KvCache::append`] will store a step, decided (and checked) by [`KvCache::plan`] before
@@ -111,10 +102,7 @@ impl<B: Backend> KvCache<B> {
     /// The batch size the cache was filled with, `None` while it has never been used since the
     /// last [`reset`](Self::reset).
     pub fn batch_size(&self) -> Option<usize> {
-        self.storage.as_ref().map(|storage| match storage {
-            Storage::Tensors(keys, _) => keys.dims()[0],
-            Storage::Host(host) => host.batch(),
-        })
+        self.storage.as_ref().map(KvStorage::batch)
     }
 
     /// Empties the cache (and forgets its batch size), to start a new sequence.
@@ -177,10 +165,7 @@ impl<B: Backend> KvCache<B> {
 
     /// Positions the storage has room for now.
     pub fn allocated(&self) -> usize {
-        self.storage.as_ref().map_or(0, |storage| match storage {
-            Storage::Tensors(keys, _) => keys.dims()[2],
-            Storage::Host(host) => host.allocated(),
-        })
+        self.storage.as_ref().map_or(0, KvStorage::allocated)
     }
 
     /// Checks that `new` more positions of a batch of `batch` can be stored, and decides how.
@@ -232,20 +217,22 @@ impl<B: Backend> KvCache<B> {
         Ok(plan)
     }
 
-    /// Writes the new positions' keys and values after the cached ones and returns those the
-    /// new queries see: the kept past positions and the new ones. The caller has checked that
-    /// they fit ([`plan`](Self::plan)).
+    /// Writes the new positions' keys and values after the cached ones, in the storage their
+    /// layout needs (moved there first if the cache was kept elsewhere), and returns the storage
+    /// with the slots the new queries see: the kept past positions and the new ones. The caller
+    /// has checked that they fit ([`plan`](Self::plan)). A device error leaves the cache as it was.
     ///
     /// # Shapes
-    /// - `keys`, `values`: `[batch, kv_heads, new, head_dim]`
-    /// - output: two `[batch, kv_heads, keep + new, head_dim]`
+    /// - `new`: see [`NewKv`]
     pub(crate) fn append(
         &mut self,
-        keys: Tensor<B, 4>,
-        values: Tensor<B, 4>,
+        new: NewKv<B>,
         plan: Plan,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let [batch, heads, new, head_dim] = keys.dims();
+    ) -> Result<(&KvStorage<B>, Range<usize>), AttentionError> {
+        if let Some(storage) = &self.storage {
+            storage.settle()?;
+        }
+        let [_, count] = new.batch_and_len();
         let stored = self.len - self.start;
         // Slots of the positions to carry into new storage: all of them, or the kept ones.
         let carried = if plan.compact {
@@ -253,85 +240,20 @@ impl<B: Backend> KvCache<B> {
         } else {
             0..stored
         };
-        let move_to = |old: Option<Tensor<B, 4>>| {
-            let storage = Tensor::zeros([batch, heads, plan.allocate, head_dim], &keys.device());
-            match old {
-                Some(old) if !carried.is_empty() => storage.slice_assign(
-                    [0..batch, 0..heads, 0..carried.len(), 0..head_dim],
-                    old.narrow(2, carried.start, carried.len()),
-                ),
-                _ => storage,
-            }
-        };
-        let old = self.storage.take().map(|storage| match storage {
-            Storage::Tensors(keys, values) => (keys, values),
-            Storage::Host(host) => host.into_tensors(self.heads, &keys.device()),
-        });
-        let (all_keys, all_values) = match old {
-            Some((keys, values)) if !plan.compact && keys.dims()[2] >= plan.allocate => {
-                (keys, values)
-            }
-            Some((keys, values)) => (move_to(Some(keys)), move_to(Some(values))),
-            None => (move_to(None), move_to(None)),
-        };
+        let storage = KvStorage::prepared(
+            self.storage.take(),
+            &new,
+            self.heads,
+            plan.allocate,
+            carried,
+            plan.compact,
+        );
         if plan.compact {
             self.start = self.len - plan.keep;
         }
         let at = self.len - self.start;
-        // The storage is uniquely owned here, so backends write the slice in place.
-        let slots = [0..batch, 0..heads, at..at + new, 0..head_dim];
-        let all_keys = all_keys.slice_assign(slots.clone(), keys);
-        let all_values = all_values.slice_assign(slots, values);
-        self.len += new;
-        let seen = at - plan.keep..at + new;
-        let view = |tensor: &Tensor<B, 4>| tensor.clone().narrow(2, seen.start, seen.len());
-        let seen = (view(&all_keys), view(&all_values));
-        self.storage = Some(Storage::Tensors(all_keys, all_values));
-        seen
-    }
-
-    /// [`append`](Self::append) for the CPU kernel: the storage is host memory in the kernel's
-    /// layout (moved there first if it was in tensors). Returns the storage and where the new
-    /// queries' keys lie in it: the kept past positions and the new ones.
-    ///
-    /// # Shapes
-    /// - `keys`, `values`: `[batch, new, kv_heads · head_dim]`
-    pub(crate) fn append_host(
-        &mut self,
-        keys: Tensor<B, 3>,
-        values: Tensor<B, 3>,
-        plan: Plan,
-    ) -> (&HostStorage, KeyRows) {
-        let [batch, new, row] = keys.dims();
-        let stored = self.len - self.start;
-        let carried = if plan.compact {
-            stored - plan.keep..stored
-        } else {
-            0..stored
-        };
-        let old = self.storage.take().map(|storage| match storage {
-            Storage::Tensors(keys, values) => HostStorage::from_tensors(keys, values),
-            Storage::Host(host) => host,
-        });
-        let mut host = match old {
-            Some(host) if !plan.compact && host.allocated() >= plan.allocate => host,
-            Some(host) => host.moved(plan.allocate, carried),
-            None => HostStorage::zeros(keys.dtype(), batch, plan.allocate, row),
-        };
-        if plan.compact {
-            self.start = self.len - plan.keep;
-        }
-        let at = self.len - self.start;
-        host.write(at, keys, values);
-        self.len += new;
-        let rows = KeyRows {
-            first: at - plan.keep,
-            per_sequence: host.allocated(),
-        };
-        let storage = self.storage.insert(Storage::Host(host));
-        let Storage::Host(host) = storage else {
-            unreachable!("just stored")
-        };
-        (host, rows)
+        let storage = self.storage.insert(storage.written(at, new));
+        self.len += count;
+        Ok((storage, at - plan.keep..at + count))
     }
 }

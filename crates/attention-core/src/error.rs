@@ -43,12 +43,6 @@ pub enum AttentionError {
         /// Its value.
         value: f64,
     },
-    /// A `rope_type` this layer does not implement.
-    #[error("rope_type `{0}` is not supported (supported: default, linear, llama3)")]
-    RopeType(String),
-    /// Hugging Face's `rope_scaling` JSON could not be read.
-    #[error("rope scaling: {0}")]
-    RopeScaling(String),
     /// Positions whose shape is not `[batch, seq]` of the input.
     #[error("positions have shape {found:?}, expected [batch, seq] = {expected:?}")]
     PositionsShape {
@@ -159,5 +153,11 @@ pub enum AttentionError {
         head_dim: usize,
         /// `context_length` of the layer.
         context: usize,
+    },
+    /// The backend's device failed while running the layer (a lost GPU, a driver error).
+    #[error("the device failed while running the attention layer: {reason}")]
+    Device {
+        /// What the backend said.
+        reason: String,
     },
 }

@@ -24,8 +24,9 @@
 //! - [`AttentionPath`]: the explicit and the fused attention core (`attend.rs`); which code runs
 //!   for a path on a backend is decided in one place, `route.rs`.
 //! - [`mask`]: causal and key-padding masks.
-//! - `flash/`: the CPU kernel behind the fused path on ndarray and burn-flex, with its own
-//!   backward pass.
+//! - [`Kernel`]: the attention kernels of this crate's own and the backends they run on, all
+//!   named in one place (`kernels/mod.rs`); `kernels/cpu/` is the CPU kernel behind the fused
+//!   path on ndarray and burn-flex, with its own backward pass.
 //! - [`KvCache`]: incremental decoding (`cache.rs`).
 //! - [`weights`]: PyTorch state dicts in and out (the chapter's and GPT-2's layouts).
 #![warn(missing_docs)]
@@ -33,7 +34,7 @@
 mod attend;
 mod cache;
 mod error;
-mod flash;
+mod kernels;
 pub mod mask;
 mod mha;
 mod rope;
@@ -43,6 +44,7 @@ pub mod weights;
 pub use attend::{AttentionPath, masked_softmax};
 pub use cache::KvCache;
 pub use error::AttentionError;
+pub use kernels::Kernel;
 pub use mha::{
     AttentionInput, AttentionTrace, EXPLICIT_SCORES_LIMIT, MultiHeadAttention,
     MultiHeadAttentionConfig,

@@ -7,7 +7,7 @@ use burn::tensor::{Bool, Int};
 use crate::attend::{self, AttentionPath, AttentionScores};
 use crate::cache::KvCache;
 use crate::error::AttentionError;
-use crate::flash::{self, CachedInputs, FlashInputs};
+use crate::kernels::{self, CachedInputs, KernelInputs, NewKv};
 use crate::rope::{Positions, RopeConfig, Rotary};
 use crate::route::{Call, Route, route};
 
@@ -141,6 +141,7 @@ impl MultiHeadAttentionConfig {
             head_dim,
             context_length: self.context_length,
             rope: self.rope.clone(),
+            rotary: self.rope.as_ref().map(|rope| Rotary::new(rope, head_dim)),
             sliding_window: self.sliding_window,
         })
     }
@@ -184,6 +185,9 @@ pub struct MultiHeadAttention<B: Backend> {
     context_length: usize,
     #[module(skip)]
     rope: Option<RopeConfig>,
+    /// The rotary embedding made from `rope` once, with its table of angles.
+    #[module(skip)]
+    rotary: Option<Rotary>,
     #[module(skip)]
     sliding_window: Option<usize>,
 }
@@ -363,13 +367,8 @@ impl<B: Backend> MultiHeadAttention<B> {
         }
         let context = match route {
             Route::CpuKernel => {
-                let [q, k, v] = self
-                    .project(x, &positions, HeadLayout::SideBySide)
-                    .map(|t| {
-                        let [batch, seq, heads, head_dim] = t.dims();
-                        t.reshape([batch, seq, heads * head_dim])
-                    });
-                let context = flash::causal_attention(FlashInputs {
+                let [q, k, v] = self.project_side_by_side(x, &positions);
+                let context = kernels::attention(KernelInputs {
                     query: q,
                     key: k,
                     value: v,
@@ -464,9 +463,9 @@ impl<B: Backend> MultiHeadAttention<B> {
 
     /// [`forward_cached`](Self::forward_cached) with a key-padding mask over the cached and new
     /// positions, explicit positions and a chosen path: `Explicit` masks the scores of the new
-    /// queries against every cached key, `Fused` calls Burn's attention op (its causal mask is
-    /// aligned bottom-right, which is what the cache needs; the CPU kernel is not used here, as
-    /// the cache's keys are stored per head).
+    /// queries against every cached key; `Fused` runs the backend's kernel over the cache in the
+    /// kernel's own storage where it has one (ndarray, flex), else Burn's attention op (its causal
+    /// mask is aligned bottom-right, which is what the cache needs) over the cache's tensors.
     ///
     /// # Shapes
     /// - `input.x`: `[batch, new, input_dim]`; `input.key_padding`: `[batch, cached + new]`;
@@ -498,52 +497,36 @@ impl<B: Backend> MultiHeadAttention<B> {
             let keys = plan.keys_seen(new);
             check_explicit_size([batch, self.num_heads, new, keys])?;
         }
+        // The cache keeps only the last positions: the padding of those this step sees.
+        let seen_padding = |mask: Tensor<B, 2, Bool>, seen: usize| {
+            mask.narrow(1, past + new - seen, seen)
+        };
         if route == Route::CpuKernel {
-            let [q, k, v] = self
-                .project(x_new, &positions, HeadLayout::SideBySide)
-                .map(|t| {
-                    let [batch, seq, heads, head_dim] = t.dims();
-                    t.reshape([batch, seq, heads * head_dim])
-                });
-            let keys = plan.keys_seen(new);
-            let (storage, key_rows) = cache.append_host(k, v, plan);
-            let context = flash::cached_attention(CachedInputs {
+            let [q, k, v] = self.project_side_by_side(x_new, &positions);
+            let (storage, seen) = cache.append(NewKv::SideBySide { keys: k, values: v }, plan)?;
+            let key_padding = key_padding.map(|mask| seen_padding(mask, seen.len()));
+            let context = kernels::cached_attention(CachedInputs {
                 query: q,
                 cache: storage,
-                key_rows,
-                keys,
+                seen,
                 heads: self.num_heads,
                 window: self.sliding_window,
-                key_padding: key_padding.map(|mask| mask.narrow(1, past + new - keys, keys)),
+                key_padding,
             });
             return Ok(self.output_layer.forward(context));
         }
         let [q, k, v] = self.project(x_new, &positions, HeadLayout::Split);
-        let (keys, values) = cache.append(k, v, plan);
-
+        let (storage, seen) = cache.append(NewKv::Split { keys: k, values: v }, plan)?;
+        let (keys, values) = storage.tensors(seen.clone());
         let [keys, values] = [keys, values].map(|t| self.repeat_kv(t));
-        let seen = keys.dims()[2];
-        // The cache keeps only the last `seen` positions: the padding of those.
-        let key_padding = match key_padding {
-            Some(mask) if seen < past + new => Some(mask.narrow(1, past + new - seen, seen)),
-            mask => mask,
+        let key_padding = key_padding.map(|mask| seen_padding(mask, seen.len()));
+        let context = if route == Route::Explicit {
+            let mask = attend::mask_for(&q, seen.len() - new, key_padding, self.sliding_window);
+            attend::explicit(q, keys, values, mask, &self.dropout).context
+        } else {
+            attend::fused(q, keys, values, key_padding, self.sliding_window)
         };
-        let context = match route {
-            Route::Explicit => {
-                let mask = attend::mask_for(&q, seen - new, key_padding, self.sliding_window);
-                attend::explicit(q, keys, values, mask, &self.dropout).context
-            }
-            Route::BurnOp | Route::CpuKernel => {
-                attend::fused(q, keys, values, key_padding, self.sliding_window)
-            }
-        };
-        let output = self.merge_and_project(context);
-        // Burn 0.21's lazy wgpu (fusion) backend lets work of the next step overtake this step's
-        // reads of the cache storage, which the next step writes in place: decoding then reads
-        // wrong keys (tested by `cached_decoding_reproduces_the_fixtures`). Running this step's
-        // queue first costs one sync per step there; it is a no-op on the eager CPU backends.
-        B::sync(&output.device()).expect("the device runs");
-        Ok(output)
+        Ok(self.merge_and_project(context))
     }
 
     /// Checks `x` against the layer: its width, a non-empty batch and sequence, and room in the
@@ -646,21 +629,22 @@ impl<B: Backend> MultiHeadAttention<B> {
         layout: HeadLayout,
     ) -> [Tensor<B, 4>; 3] {
         let [batch, seq, _] = x.dims();
-        let rotary = self
-            .rope
+        // One set of angles for the queries and the keys.
+        let angles = self
+            .rotary
             .as_ref()
-            .map(|rope| Rotary::new(rope, self.head_dim));
+            .map(|rotary| (rotary, rotary.angles(positions, seq, x.dtype(), &x.device())));
         let layers = [
-            (&self.query_layer, self.num_heads, rotary.as_ref()),
-            (&self.key_layer, self.num_kv_heads, rotary.as_ref()),
+            (&self.query_layer, self.num_heads, angles.as_ref()),
+            (&self.key_layer, self.num_kv_heads, angles.as_ref()),
             (&self.value_layer, self.num_kv_heads, None),
         ];
-        layers.map(|(layer, heads, rotary)| {
+        layers.map(|(layer, heads, angles)| {
             let side_by_side = layer
                 .forward(x.clone())
                 .reshape([batch, seq, heads, self.head_dim]);
-            let side_by_side = match rotary {
-                Some(rotary) => rotary.apply(side_by_side, positions),
+            let side_by_side = match angles {
+                Some((rotary, angles)) => rotary.apply(side_by_side, angles),
                 None => side_by_side,
             };
             match layout {
@@ -669,6 +653,21 @@ impl<B: Backend> MultiHeadAttention<B> {
                 HeadLayout::Split => side_by_side.swap_dims(1, 2),
             }
         })
+    }
+
+    /// [`project`](Self::project) for a kernel: the heads side by side in one feature dimension,
+    /// as the projections made them.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, input_dim]`
+    /// - output: `[batch, seq, heads · head_dim]`, with `num_heads` heads for the queries and
+    ///   `num_kv_heads` for keys and values
+    fn project_side_by_side(&self, x: Tensor<B, 3>, positions: &Positions<B>) -> [Tensor<B, 3>; 3] {
+        self.project(x, positions, HeadLayout::SideBySide)
+            .map(|t| {
+                let [batch, seq, heads, head_dim] = t.dims();
+                t.reshape([batch, seq, heads * head_dim])
+            })
     }
 
     /// Each key/value head repeated for the query heads of its group (Hugging Face's

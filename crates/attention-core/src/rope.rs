@@ -7,6 +7,8 @@
 //! arithmetic follows Hugging Face's float32 rounding: inverse frequencies rounded to `f32`, the
 //! angle a float32 product of position and frequency.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use burn::prelude::*;
 use burn::tensor::{DType, Int};
 
@@ -92,49 +94,6 @@ fn positive(name: &'static str, value: f64) -> Result<(), AttentionError> {
     }
 }
 
-impl RopeScaling {
-    /// Hugging Face's `rope_scaling` / `rope_parameters` JSON (`{"rope_type": "llama3",
-    /// "factor": 8.0, …}`; `"type"` is accepted for `"rope_type"`, as transformers 4 wrote it).
-    /// A missing or `"default"` type is no scaling; any other type is an error naming it.
-    pub fn from_hugging_face(json: &str) -> Result<Self, AttentionError> {
-        let invalid = |reason: String| AttentionError::RopeScaling(reason);
-        let value: serde_json::Value =
-            serde_json::from_str(json).map_err(|e| invalid(format!("not JSON: {e}")))?;
-        let object = value
-            .as_object()
-            .ok_or_else(|| invalid("expected a JSON object".into()))?;
-        let number = |key: &str| {
-            object
-                .get(key)
-                .and_then(serde_json::Value::as_f64)
-                .ok_or_else(|| invalid(format!("`{key}` must be a number")))
-        };
-        let kind = object
-            .get("rope_type")
-            .or_else(|| object.get("type"))
-            .map(|kind| kind.as_str().unwrap_or("?"))
-            .unwrap_or("default");
-        match kind {
-            "default" => Ok(Self::None),
-            "linear" => Ok(Self::Linear {
-                factor: number("factor")?,
-            }),
-            "llama3" => Ok(Self::Llama3(Llama3Scaling {
-                factor: number("factor")?,
-                low_freq_factor: number("low_freq_factor")?,
-                high_freq_factor: number("high_freq_factor")?,
-                original_max_position_embeddings: object
-                    .get("original_max_position_embeddings")
-                    .and_then(serde_json::Value::as_u64)
-                    .ok_or_else(|| {
-                        invalid("`original_max_position_embeddings` must be a whole number".into())
-                    })? as usize,
-            })),
-            other => Err(AttentionError::RopeType(other.to_string())),
-        }
-    }
-}
-
 /// Rotary position embeddings of a [`MultiHeadAttention`](crate::MultiHeadAttention).
 #[derive(Config, Debug, PartialEq)]
 pub struct RopeConfig {
@@ -191,11 +150,42 @@ impl RopeConfig {
     }
 }
 
-/// A layer's rotary embedding, ready to apply: its layout and inverse frequencies.
+/// A layer's rotary embedding, ready to apply: its layout, its inverse frequencies (computed once,
+/// when the layer is made) and a table of `cos` and `sin` by position, filled as far as the
+/// layer's calls have reached. Clones of a layer share the table.
 #[derive(Debug, Clone)]
 pub(crate) struct Rotary {
     layout: RopeLayout,
     inverse_frequencies: Vec<f32>,
+    table: Arc<Mutex<AngleTable>>,
+}
+
+/// `cos` and `sin` of positions `0..positions`, `[positions, head_dim / 2]` each, as float32
+/// products of position and inverse frequency (Hugging Face's rounding).
+#[derive(Debug, Default)]
+struct AngleTable {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    positions: usize,
+}
+
+impl AngleTable {
+    /// Grows the table to at least `positions` (doubling, so that decoding step by step fills it
+    /// `O(log n)` times).
+    fn reach(&mut self, positions: usize, inverse_frequencies: &[f32]) {
+        if positions <= self.positions {
+            return;
+        }
+        let target = positions.max(2 * self.positions).max(64);
+        for position in self.positions..target {
+            for &inverse in inverse_frequencies {
+                let angle = position as f32 * inverse;
+                self.cos.push(angle.cos());
+                self.sin.push(angle.sin());
+            }
+        }
+        self.positions = target;
+    }
 }
 
 /// The positions of a forward call's tokens, for the rotary embedding.
@@ -207,54 +197,72 @@ pub(crate) enum Positions<B: Backend> {
     Given(Tensor<B, 2, Int>),
 }
 
+/// `cos` and `sin` of a call's angles, shared by its queries and keys.
+///
+/// # Shapes
+/// - `cos`, `sin`: `[batch or 1, seq, 1, head_dim / 2]`
+#[derive(Debug, Clone)]
+pub(crate) struct Angles<B: Backend> {
+    cos: Tensor<B, 4>,
+    sin: Tensor<B, 4>,
+}
+
 impl Rotary {
     pub(crate) fn new(config: &RopeConfig, head_dim: usize) -> Self {
         Self {
             layout: config.layout,
             inverse_frequencies: config.inverse_frequencies(head_dim),
+            table: Arc::default(),
         }
     }
 
-    /// `cos` and `sin` of every position's angles, `[batch or 1, seq, 1, head_dim / 2]` each,
-    /// in `dtype` (the queries' float type).
-    fn cos_sin<B: Backend>(
+    /// The angles of a call's `seq` tokens at `positions`, in `dtype` (the queries' float type):
+    /// rows of the layer's table for positions counted from a start, computed on the device for
+    /// positions given per row.
+    pub(crate) fn angles<B: Backend>(
         &self,
         positions: &Positions<B>,
         seq: usize,
         dtype: DType,
         device: &B::Device,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    ) -> Angles<B> {
         let half = self.inverse_frequencies.len();
-        let floats = |values: Vec<f32>, len: usize| {
-            Tensor::<B, 1>::from_data(TensorData::new(values, [len]).convert_dtype(dtype), device)
+        let floats = |values: Vec<f32>, shape: [usize; 4]| {
+            Tensor::<B, 4>::from_data(TensorData::new(values, shape).convert_dtype(dtype), device)
         };
-        let positions: Tensor<B, 2> = match positions {
+        match positions {
             Positions::From(start) => {
-                let rows: Vec<f32> = (*start..start + seq).map(|p| p as f32).collect();
-                floats(rows, seq).reshape([1, seq])
+                let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+                table.reach(start + seq, &self.inverse_frequencies);
+                let rows = start * half..(start + seq) * half;
+                Angles {
+                    cos: floats(table.cos[rows.clone()].to_vec(), [1, seq, 1, half]),
+                    sin: floats(table.sin[rows].to_vec(), [1, seq, 1, half]),
+                }
             }
-            Positions::Given(positions) => positions.clone().float().cast(dtype),
-        };
-        let rows = positions.dims()[0];
-        let inverse = floats(self.inverse_frequencies.clone(), half).reshape([1, 1, 1, half]);
-        // A float32 product, as Hugging Face's angle.
-        let angles = positions.reshape([rows, seq, 1, 1]) * inverse;
-        (angles.clone().cos(), angles.sin())
+            Positions::Given(positions) => {
+                let rows = positions.dims()[0];
+                let positions = positions.clone().float().cast(dtype);
+                let inverse = floats(self.inverse_frequencies.clone(), [1, 1, 1, half]);
+                // A float32 product, as Hugging Face's angle.
+                let angles = positions.reshape([rows, seq, 1, 1]) * inverse;
+                Angles {
+                    cos: angles.clone().cos(),
+                    sin: angles.sin(),
+                }
+            }
+        }
     }
 
     /// Turns every head of `x` by its position's angles.
     ///
     /// # Shapes
-    /// - `x`: `[batch, seq, heads, head_dim]`; positions: `[batch, seq]` when given
+    /// - `x`: `[batch, seq, heads, head_dim]`
     /// - output: `[batch, seq, heads, head_dim]`
-    pub(crate) fn apply<B: Backend>(
-        &self,
-        x: Tensor<B, 4>,
-        positions: &Positions<B>,
-    ) -> Tensor<B, 4> {
+    pub(crate) fn apply<B: Backend>(&self, x: Tensor<B, 4>, angles: &Angles<B>) -> Tensor<B, 4> {
         let [batch, seq, heads, head_dim] = x.dims();
         let half = head_dim / 2;
-        let (cos, sin) = self.cos_sin(positions, seq, x.dtype(), &x.device());
+        let Angles { cos, sin } = angles.clone();
         match self.layout {
             RopeLayout::Half => {
                 let first = x.clone().narrow(3, 0, half);
@@ -279,6 +287,42 @@ impl Rotary {
                     4,
                 )
                 .reshape([batch, seq, heads, head_dim])
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::NdArray;
+
+    use super::*;
+
+    /// The layer's table (positions counted from a start, grown as calls reach further) gives the
+    /// angles computed on the device from the same positions given per row (to the last bits: the
+    /// host's and the backend's `cos` may round differently).
+    #[test]
+    fn the_table_gives_the_angles_of_the_positions() {
+        let device = Default::default();
+        let rotary = Rotary::new(&RopeConfig::new().with_theta(500_000.0), 16);
+        // Within the first allocation, across a growth, past a second one, then back.
+        for (start, seq) in [(0, 5), (60, 10), (70, 1), (130, 100), (3, 2)] {
+            let from = rotary.angles::<NdArray>(&Positions::From(start), seq, DType::F32, &device);
+            let positions: Vec<i64> = (start as i64..(start + seq) as i64).collect();
+            let given = Positions::Given(Tensor::<NdArray, 2, Int>::from_data(
+                TensorData::new(positions, [1, seq]),
+                &device,
+            ));
+            let given = rotary.angles::<NdArray>(&given, seq, DType::F32, &device);
+            for (table, direct) in [(from.cos, given.cos), (from.sin, given.sin)] {
+                assert_eq!(table.dims(), [1, seq, 1, 8]);
+                let [table, direct] = [table, direct].map(|t| t.into_data().to_vec::<f32>().unwrap());
+                for (i, (a, b)) in table.iter().zip(&direct).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 2.0 * f32::EPSILON,
+                        "start {start}, element {i}: table {a}, direct {b}"
+                    );
+                }
             }
         }
     }

@@ -1,6 +1,8 @@
 //! Which code computes the attention core, decided once per call: the one place that maps an
 //! [`AttentionPath`], the backend and the kind of call to what runs.
 //!
+//! The backends with a kernel are listed in [`crate::kernels`] (ndarray and flex: the CPU kernel).
+//!
 //! | call | backend | `Auto` | `Explicit` | `Fused` |
 //! |---|---|---|---|---|
 //! | [`forward_with`] | ndarray, flex (± `Autodiff`) | [`Route::CpuKernel`]¹ | [`Route::Explicit`] | [`Route::CpuKernel`] |
@@ -27,7 +29,7 @@
 use burn::prelude::*;
 
 use crate::attend::AttentionPath;
-use crate::flash;
+use crate::kernels::Kernel;
 
 /// What computes the attention core.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +37,7 @@ pub(crate) enum Route {
     /// Scores, mask, softmax, dropout and weighted sum as separate tensor ops
     /// ([`crate::attend::explicit`]); materializes `[batch, heads, queries, keys]`.
     Explicit,
-    /// This crate's CPU kernel ([`crate::flash`]), on the projections' side-by-side heads.
+    /// This crate's CPU kernel ([`crate::kernels`]), on the projections' side-by-side heads.
     CpuKernel,
     /// Burn's fused `attention` op ([`crate::attend::fused`]).
     BurnOp,
@@ -58,19 +60,27 @@ pub(crate) fn route<B: Backend>(
     training: bool,
     dropout_active: bool,
 ) -> Route {
-    let cpu_backend = flash::supports::<B>();
+    let backend_kernel = Kernel::of::<B>();
     let kernel = match call {
-        Call::Full => cpu_backend,
-        Call::Cached => flash::keeps_host_cache::<B>(),
+        Call::Full => backend_kernel,
+        Call::Cached => backend_kernel.filter(|_| Kernel::keeps_cache::<B>()),
     };
-    match path {
-        AttentionPath::Explicit => Route::Explicit,
-        AttentionPath::Fused if kernel => Route::CpuKernel,
-        AttentionPath::Fused => Route::BurnOp,
-        AttentionPath::Auto if training && dropout_active => Route::Explicit,
-        AttentionPath::Auto if kernel => Route::CpuKernel,
-        AttentionPath::Auto if training && !cpu_backend => Route::Explicit,
-        AttentionPath::Auto => Route::BurnOp,
+    match (path, kernel) {
+        (AttentionPath::Explicit, _) => Route::Explicit,
+        (AttentionPath::Fused, Some(kernel)) => kernel.into(),
+        (AttentionPath::Fused, None) => Route::BurnOp,
+        (AttentionPath::Auto, _) if training && dropout_active => Route::Explicit,
+        (AttentionPath::Auto, Some(kernel)) => kernel.into(),
+        (AttentionPath::Auto, None) if training && backend_kernel.is_none() => Route::Explicit,
+        (AttentionPath::Auto, None) => Route::BurnOp,
+    }
+}
+
+impl From<Kernel> for Route {
+    fn from(kernel: Kernel) -> Self {
+        match kernel {
+            Kernel::Cpu => Route::CpuKernel,
+        }
     }
 }
 

@@ -6,7 +6,9 @@
 //! - [`backend_tests!`]: instantiates generic test bodies on every backend.
 //!
 //! Adding a backend: a variant of [`BackendName`], its arm in [`dispatch`], its module in
-//! [`backend_tests!`] — and, for a CPU backend, its entry in attention-core's kernel route.
+//! [`backend_tests!`] — and, where one of attention-core's kernels runs on it, its line in the
+//! kernel list of `attention-core/src/kernels/mod.rs` (a test of attention-core's checks the two
+//! lists against each other).
 #![warn(missing_docs)]
 
 pub mod compare;

@@ -442,3 +442,30 @@ fn cache_growth_keeps_every_position() {
         assert_close(Tensor::cat(outputs, 1), full.clone(), &format!("{path:?}"));
     }
 }
+
+/// The binaries' `--backend` list against the one list of kernel backends (`src/kernels/mod.rs`):
+/// a backend added to either without the other fails here (the match is exhaustive).
+#[test]
+fn every_backend_of_the_binaries_has_the_kernel_the_kernel_list_gives_it() {
+    use attention_backends::{Autodiff, BackendName, Flex, NdArray, Wgpu};
+    use attention_core::Kernel;
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    fn kernels<B: Backend>() -> [Option<Kernel>; 3] {
+        [
+            Kernel::of::<B>(),
+            Kernel::of::<Autodiff<B>>(),
+            Kernel::of::<Autodiff<B, BalancedCheckpointing>>(),
+        ]
+    }
+    for backend in BackendName::ALL {
+        let (found, expected) = match backend {
+            BackendName::Ndarray => (kernels::<NdArray>(), Some(Kernel::Cpu)),
+            BackendName::Flex => (kernels::<Flex>(), Some(Kernel::Cpu)),
+            BackendName::Wgpu => (kernels::<Wgpu>(), None),
+        };
+        assert_eq!(found, [expected; 3], "{}", backend.name());
+    }
+    // Only a bare backend keeps a decoding cache in its kernel's storage.
+    assert!(Kernel::keeps_cache::<NdArray>() && Kernel::keeps_cache::<Flex>());
+    assert!(!Kernel::keeps_cache::<Autodiff<Flex>>() && !Kernel::keeps_cache::<Wgpu>());
+}

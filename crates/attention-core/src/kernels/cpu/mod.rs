@@ -1,6 +1,11 @@
 //! Causal attention on a CPU kernel of this crate's own: blockwise, skipping the masked half,
 //! parallel over query blocks, `O(seq)` memory forward and backward. The fused path takes it on
-//! ndarray and burn-flex (see [`AttentionPath::Fused`](crate::AttentionPath::Fused)).
+//! ndarray and burn-flex (see [`crate::kernels`]).
+//!
+//! - `kernel.rs`: the kernel on slices (forward, backward, grouped heads, windows, padding)
+//! - `simd.rs`: its vector-width inner loops (the one module with `unsafe`)
+//! - `op.rs`: the kernel as a Burn operation, with its autodiff node
+//! - `host_cache.rs`: a key/value cache's storage in the kernel's layout
 
 mod host_cache;
 pub mod kernel;
@@ -8,6 +13,4 @@ mod op;
 mod simd;
 
 pub(crate) use host_cache::HostStorage;
-pub(crate) use op::{
-    CachedInputs, FlashInputs, cached_attention, causal_attention, keeps_host_cache, supports,
-};
+pub(crate) use op::{CachedStep, cached, forward, on_autodiff};

@@ -1,97 +1,22 @@
 //! The CPU kernel as a Burn operation: tensors to host buffers and back, and on `Autodiff` a
 //! graph node whose backward is the kernel's own (Burn would otherwise differentiate attention
-//! through its `O(T²)` composite).
-//!
-//! Burn has no specialization, so the backends the kernel serves are recognised by type here, in
-//! one place ([`kernel_entry`], from the one list in [`for_each_kernel_backend!`]), with or without
-//! `Autodiff` and under every checkpointing strategy; every other backend keeps Burn's own
-//! attention op.
+//! through its `O(T²)` composite). Which backends reach it is decided in [`crate::kernels`].
 
-use std::any::{Any, TypeId};
+use std::any::Any;
 use std::marker::PhantomData;
+use std::ops::Range;
 
+use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::{
-    BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
-};
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::{Autodiff, Flex, NdArray};
 use burn::prelude::*;
 use burn::tensor::{Bool, DType, Element, TensorData, TensorPrimitive};
 
 use super::host_cache::{HostStorage, with_host_kv};
 use super::kernel::{self, Dims, Forward, Inputs, KernelFloat};
-
-/// The inputs of causal attention with the heads still side by side.
-///
-/// # Shapes
-/// - `query`: `[batch, queries, heads · head_dim]`
-/// - `key`, `value`: `[batch, keys, kv_heads · head_dim]`
-/// - `key_padding`: `[batch, keys]`, `true` = padding
-#[derive(Debug, Clone)]
-pub(crate) struct FlashInputs<B: Backend> {
-    pub query: Tensor<B, 3>,
-    pub key: Tensor<B, 3>,
-    pub value: Tensor<B, 3>,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub window: Option<usize>,
-    pub key_padding: Option<Tensor<B, 2, Bool>>,
-}
-
-/// The host backends the kernel runs on: adding a CPU backend to the kernel is one entry here.
-macro_rules! for_each_kernel_backend {
-    ($action:ident) => {
-        $action!(NdArray<f32>);
-        $action!(NdArray<f64>);
-        $action!(Flex);
-    };
-}
-
-/// The kernel's entry point for backend `B`, or `None` when `B` is not one it runs on: a host
-/// backend of [`for_each_kernel_backend!`] directly, or `Autodiff` around one with either
-/// checkpointing strategy.
-fn kernel_entry<B: Backend>() -> Option<fn(FlashInputs<B>) -> Tensor<B, 3>> {
-    let id = TypeId::of::<B>();
-    macro_rules! recognise {
-        ($inner:ty) => {
-            if id == TypeId::of::<$inner>() {
-                return Some(host_forward::<B>);
-            }
-            if id == TypeId::of::<Autodiff<$inner, NoCheckpointing>>() {
-                return Some(on_autodiff::<B, $inner, NoCheckpointing>);
-            }
-            if id == TypeId::of::<Autodiff<$inner, BalancedCheckpointing>>() {
-                return Some(on_autodiff::<B, $inner, BalancedCheckpointing>);
-            }
-        };
-    }
-    for_each_kernel_backend!(recognise);
-    None
-}
-
-/// Whether [`causal_attention`] runs on backend `B`.
-pub(crate) fn supports<B: Backend>() -> bool {
-    kernel_entry::<B>().is_some()
-}
-
-/// Causal attention on the CPU kernel (see [`kernel::forward`]).
-///
-/// # Shapes
-/// - output: `[batch, queries, heads · head_dim]`, the heads side by side
-///
-/// # Panics
-/// When `B` is not one of the backends of [`supports`] (the route checks first).
-pub(crate) fn causal_attention<B: Backend>(inputs: FlashInputs<B>) -> Tensor<B, 3> {
-    let entry = kernel_entry::<B>().unwrap_or_else(|| {
-        panic!(
-            "the CPU attention kernel does not run on {}",
-            std::any::type_name::<B>()
-        )
-    });
-    entry(inputs)
-}
+use crate::kernels::inputs::KernelInputs;
 
 /// `value` as the type it is known (by its `TypeId`) to be.
 fn same_type<T: 'static, U: 'static>(value: T) -> U {
@@ -101,8 +26,8 @@ fn same_type<T: 'static, U: 'static>(value: T) -> U {
 }
 
 /// The kernel's forward pass as a plain function of host data.
-fn host_forward<B: Backend>(inputs: FlashInputs<B>) -> Tensor<B, 3> {
-    fn run<B: Backend, E: HostFloat>(inputs: FlashInputs<B>) -> Tensor<B, 3> {
+pub(crate) fn forward<B: Backend>(inputs: KernelInputs<B>) -> Tensor<B, 3> {
+    fn run<B: Backend, E: HostFloat>(inputs: KernelInputs<B>) -> Tensor<B, 3> {
         let device = inputs.query.device();
         let host = Host::<E>::download(inputs);
         let forward = kernel::forward(host.inputs());
@@ -115,10 +40,10 @@ fn host_forward<B: Backend>(inputs: FlashInputs<B>) -> Tensor<B, 3> {
 }
 
 /// `B` is `Autodiff<I, C>`: run the kernel on the data and record a node with its backward.
-fn on_autodiff<B: Backend, I: Backend, C: CheckpointStrategy>(
-    inputs: FlashInputs<B>,
+pub(crate) fn on_autodiff<B: Backend, I: Backend, C: CheckpointStrategy>(
+    inputs: KernelInputs<B>,
 ) -> Tensor<B, 3> {
-    let inputs: FlashInputs<Autodiff<I, C>> = same_type(inputs);
+    let inputs: KernelInputs<Autodiff<I, C>> = same_type(inputs);
     let output = match inputs.query.dtype() {
         DType::F64 => tracked::<I, C, f64>(inputs),
         _ => tracked::<I, C, f32>(inputs),
@@ -130,7 +55,7 @@ fn on_autodiff<B: Backend, I: Backend, C: CheckpointStrategy>(
 /// [`kernel::backward`]. The nodes are taken before the data so that burn-ndarray can hand the
 /// buffers over without copying.
 fn tracked<I: Backend, C: CheckpointStrategy, E: HostFloat>(
-    inputs: FlashInputs<Autodiff<I, C>>,
+    inputs: KernelInputs<Autodiff<I, C>>,
 ) -> Tensor<Autodiff<I, C>, 3> {
     let device = inputs.query.device();
     let [query, key, value] =
@@ -138,7 +63,7 @@ fn tracked<I: Backend, C: CheckpointStrategy, E: HostFloat>(
     let nodes = [&query, &key, &value].map(|tensor| tensor.node.clone());
     let [query, key, value] = [query, key, value]
         .map(|tensor| Tensor::<I, 3>::from_primitive(TensorPrimitive::Float(tensor.primitive)));
-    let host = Host::<E>::download(FlashInputs {
+    let host = Host::<E>::download(KernelInputs {
         query,
         key,
         value,
@@ -191,7 +116,7 @@ impl<E: HostFloat> Host<E> {
     /// copying when nothing else holds it (and copy otherwise). The data is kept as it came and
     /// read in place: turning it into a `Vec<E>` would copy it again wherever the backend's
     /// allocation is aligned beyond `E` (burn-flex's).
-    fn download<B: Backend>(inputs: FlashInputs<B>) -> Self {
+    fn download<B: Backend>(inputs: KernelInputs<B>) -> Self {
         let [batch, queries, width] = inputs.query.dims();
         let keys = inputs.key.dims()[1];
         let floats = |tensor: Tensor<B, 3>| tensor.into_data().convert::<E>();
@@ -298,34 +223,18 @@ impl<I: Backend, E: HostFloat> Backward<I, 3> for FlashBackward<E> {
     }
 }
 
-/// Whether the kernel reads `B`'s data in place between calls: a host backend of
-/// [`for_each_kernel_backend!`] without `Autodiff`. The cached path keeps its keys and values in
-/// host memory for those ([`HostStorage`]).
-pub(crate) fn keeps_host_cache<B: Backend>() -> bool {
-    let id = TypeId::of::<B>();
-    let mut found = false;
-    macro_rules! recognise {
-        ($inner:ty) => {
-            found |= id == TypeId::of::<$inner>();
-        };
-    }
-    for_each_kernel_backend!(recognise);
-    found
-}
-
-/// The inputs of a cached call on the kernel: the new queries, and the keys and values of a
-/// cache in host memory.
+/// A decoding step on the CPU kernel: the new queries, and the keys and values of a cache in
+/// host memory.
 ///
 /// # Shapes
 /// - `query`: `[batch, queries, heads · head_dim]`
-/// - `cache`: `[batch, allocated, kv_heads · head_dim]`, positions `key_rows.first ..
-///   key_rows.first + keys` seen by this call's queries (the last of them the queries' own)
-/// - `key_padding`: `[batch, keys]`, `true` = padding
-pub(crate) struct CachedInputs<'a, B: Backend> {
+/// - `cache`: `[batch, allocated, kv_heads · head_dim]`, slots `seen` seen by this step's
+///   queries (the last of them the queries' own)
+/// - `key_padding`: `[batch, seen.len()]`, `true` = padding
+pub(crate) struct CachedStep<'a, B: Backend> {
     pub query: Tensor<B, 3>,
     pub cache: &'a HostStorage,
-    pub key_rows: kernel::KeyRows,
-    pub keys: usize,
+    pub seen: Range<usize>,
     pub heads: usize,
     pub window: Option<usize>,
     pub key_padding: Option<Tensor<B, 2, Bool>>,
@@ -335,7 +244,7 @@ pub(crate) struct CachedInputs<'a, B: Backend> {
 ///
 /// # Shapes
 /// - output: `[batch, queries, heads · head_dim]`
-pub(crate) fn cached_attention<B: Backend>(inputs: CachedInputs<B>) -> Tensor<B, 3> {
+pub(crate) fn cached<B: Backend>(inputs: CachedStep<'_, B>) -> Tensor<B, 3> {
     let device = inputs.query.device();
     let [batch, queries, width] = inputs.query.dims();
     let query = inputs.query.into_data();
@@ -351,7 +260,7 @@ pub(crate) fn cached_attention<B: Backend>(inputs: CachedInputs<B>) -> Tensor<B,
             heads: inputs.heads,
             kv_heads: kv.row / head_dim,
             queries,
-            keys: inputs.keys,
+            keys: inputs.seen.len(),
             head_dim,
             window: inputs.window,
         };
@@ -360,7 +269,10 @@ pub(crate) fn cached_attention<B: Backend>(inputs: CachedInputs<B>) -> Tensor<B,
             query: query_floats,
             key: &kv.keys,
             value: &kv.values,
-            key_rows: inputs.key_rows,
+            key_rows: kernel::KeyRows {
+                first: inputs.seen.start,
+                per_sequence: kv.allocated,
+            },
             key_padding: key_padding.as_deref(),
         });
         Tensor::from_data(TensorData::new(forward.output, [batch, queries, width]), &device)

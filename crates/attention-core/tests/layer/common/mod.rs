@@ -1,5 +1,4 @@
-//! Shared by the integration tests: the PyTorch fixtures and small builders.
-#![allow(dead_code)] // each test binary uses its own part
+//! Shared by the modules of the layer's test binary: the PyTorch fixtures and small builders.
 
 use std::path::PathBuf;
 

@@ -1,0 +1,93 @@
+//! The one seam between the layer and the attention kernels of this crate's own: which backends
+//! have a kernel, the kernels' entry points, and what a kernel keeps between decoding steps. The
+//! layer (`mha.rs`), its cache (`cache.rs`) and the route (`route.rs`) ask this module and name no
+//! backend.
+//!
+//! | kernel | module | backends (attention-core's cargo feature) |
+//! |---|---|---|
+//! | [`Kernel::Cpu`] | `cpu/` | burn-ndarray `f32` and `f64` (`ndarray`), burn-flex (`flex`) |
+//!
+//! Each backend is recognised bare and under `Autodiff` with either checkpointing strategy (Burn
+//! has no specialization, so by `TypeId`, here and nowhere else). Every other backend keeps
+//! Burn's own attention op or the explicit path ([`crate::route`]).
+//!
+//! - Adding a backend to a kernel: one line of the list in `backends.rs`.
+//! - Adding a kernel: a module with the same three entry points as `cpu` (`forward` on the bare
+//!   backend, `on_autodiff` recording its own backward, `cached` over its own cache storage), a
+//!   [`Kernel`] variant, a [`KvStorage`] variant for its cache (`storage.rs`), and its lines in
+//!   the list in `backends.rs`.
+
+use std::ops::Range;
+
+use burn::prelude::*;
+use burn::tensor::Bool;
+
+// Without a CPU backend feature the list is empty.
+#[cfg_attr(not(any(feature = "ndarray", feature = "flex")), allow(unused))]
+mod backends;
+// Without a CPU backend feature nothing reaches the CPU kernel; it still compiles (and is tested
+// under the default features).
+#[cfg_attr(not(any(feature = "ndarray", feature = "flex")), allow(unused))]
+pub(crate) mod cpu;
+mod inputs;
+mod storage;
+
+pub use backends::Kernel;
+pub(crate) use inputs::KernelInputs;
+pub(crate) use storage::{KvStorage, NewKv};
+
+/// Causal attention on `B`'s kernel.
+///
+/// # Shapes
+/// - output: `[batch, queries, heads · head_dim]`, the heads side by side
+///
+/// # Panics
+/// When no kernel runs on `B` (the route asks [`Kernel::of`] first).
+pub(crate) fn attention<B: Backend>(inputs: KernelInputs<B>) -> Tensor<B, 3> {
+    let entry = backends::entry::<B>().unwrap_or_else(|| {
+        panic!(
+            "no attention kernel of this crate runs on {}",
+            std::any::type_name::<B>()
+        )
+    });
+    (entry.forward)(inputs)
+}
+
+/// The inputs of a decoding step on a kernel: the new queries and the cache they attend over.
+///
+/// # Shapes
+/// - `query`: `[batch, queries, heads · head_dim]`
+/// - `key_padding`: `[batch, seen.len()]`, `true` = padding
+pub(crate) struct CachedInputs<'a, B: Backend> {
+    pub query: Tensor<B, 3>,
+    pub cache: &'a KvStorage<B>,
+    /// The storage slots this step's queries see, the last of them the queries' own.
+    pub seen: Range<usize>,
+    pub heads: usize,
+    pub window: Option<usize>,
+    pub key_padding: Option<Tensor<B, 2, Bool>>,
+}
+
+/// Causal attention of new queries over a cache in a kernel's own storage.
+///
+/// # Shapes
+/// - output: `[batch, queries, heads · head_dim]`
+///
+/// # Panics
+/// When the cache is not in a kernel's storage (the route asks [`Kernel::keeps_cache`] first,
+/// and the cache moves into the kernel's storage when the step is appended).
+pub(crate) fn cached_attention<B: Backend>(inputs: CachedInputs<'_, B>) -> Tensor<B, 3> {
+    match inputs.cache {
+        KvStorage::CpuHost(storage) => cpu::cached(cpu::CachedStep {
+            query: inputs.query,
+            cache: storage,
+            seen: inputs.seen,
+            heads: inputs.heads,
+            window: inputs.window,
+            key_padding: inputs.key_padding,
+        }),
+        KvStorage::Tensors { .. } => {
+            unreachable!("a kernel step is appended to the kernel's storage")
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Where a [`KvCache`](crate::KvCache) keeps its keys and values: Burn tensors, or a kernel's own
+//! storage. The cache's bookkeeping (positions, window, growth) is one, in `cache.rs`; this module
+//! only moves, grows and writes the storage it is told to.
+
+use std::ops::Range;
+
+use burn::prelude::*;
+
+use super::backends::Kernel;
+use super::cpu::HostStorage;
+use crate::error::AttentionError;
+
+/// A cache's keys and values.
+///
+/// # Shapes
+/// - `Tensors`: keys, values `[batch, kv_heads, allocated, head_dim]`, the layout of Burn's
+///   attention op and the explicit path
+/// - `CpuHost`: host memory in the CPU kernel's layout, `[batch, allocated, kv_heads · head_dim]`
+#[derive(Debug, Clone)]
+pub(crate) enum KvStorage<B: Backend> {
+    Tensors {
+        keys: Tensor<B, 4>,
+        values: Tensor<B, 4>,
+    },
+    CpuHost(HostStorage),
+}
+
+/// A step's new keys and values, in the layout of the path that made them; it decides where the
+/// cache keeps them.
+///
+/// # Shapes
+/// - `Split`: `[batch, kv_heads, new, head_dim]`, kept in tensors
+/// - `SideBySide`: `[batch, new, kv_heads · head_dim]`, kept in the storage of `B`'s kernel
+#[derive(Debug, Clone)]
+pub(crate) enum NewKv<B: Backend> {
+    Split {
+        keys: Tensor<B, 4>,
+        values: Tensor<B, 4>,
+    },
+    SideBySide {
+        keys: Tensor<B, 3>,
+        values: Tensor<B, 3>,
+    },
+}
+
+impl<B: Backend> NewKv<B> {
+    /// `[batch, new]`.
+    pub(crate) fn batch_and_len(&self) -> [usize; 2] {
+        match self {
+            Self::Split { keys, .. } => {
+                let [batch, _, new, _] = keys.dims();
+                [batch, new]
+            }
+            Self::SideBySide { keys, .. } => {
+                let [batch, new, _] = keys.dims();
+                [batch, new]
+            }
+        }
+    }
+}
+
+/// The kinds of storage, as [`KvStorage`]'s variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Tensors,
+    CpuHost,
+}
+
+impl<B: Backend> KvStorage<B> {
+    fn kind(&self) -> Kind {
+        match self {
+            Self::Tensors { .. } => Kind::Tensors,
+            Self::CpuHost(_) => Kind::CpuHost,
+        }
+    }
+
+    /// The batch size stored.
+    pub(crate) fn batch(&self) -> usize {
+        match self {
+            Self::Tensors { keys, .. } => keys.dims()[0],
+            Self::CpuHost(host) => host.batch(),
+        }
+    }
+
+    /// Positions there is room for.
+    pub(crate) fn allocated(&self) -> usize {
+        match self {
+            Self::Tensors { keys, .. } => keys.dims()[2],
+            Self::CpuHost(host) => host.allocated(),
+        }
+    }
+
+    /// The storage `new` is written to: `old` moved into the kind `new` needs, kept as it is when
+    /// it has room for `allocate` positions and nothing moves, else new storage of `allocate`
+    /// positions with `old`'s slots `carried` at its front.
+    pub(crate) fn prepared(
+        old: Option<Self>,
+        new: &NewKv<B>,
+        kv_heads: usize,
+        allocate: usize,
+        carried: Range<usize>,
+        compact: bool,
+    ) -> Self {
+        let kind = match new {
+            NewKv::Split { .. } => Kind::Tensors,
+            NewKv::SideBySide { .. } => match Kernel::of::<B>() {
+                Some(Kernel::Cpu) => Kind::CpuHost,
+                None => unreachable!("side-by-side keys are stored for a kernel"),
+            },
+        };
+        let (device, dtype, row) = match new {
+            NewKv::Split { keys, .. } => {
+                let [_, heads, _, head_dim] = keys.dims();
+                (keys.device(), keys.dtype(), heads * head_dim)
+            }
+            NewKv::SideBySide { keys, .. } => (keys.device(), keys.dtype(), keys.dims()[2]),
+        };
+        let [batch, _] = new.batch_and_len();
+        let old = old.map(|old| old.into_kind(kind, kv_heads, &device));
+        match old {
+            Some(old) if !compact && old.allocated() >= allocate => old,
+            Some(old) => old.moved(allocate, carried),
+            None => match kind {
+                Kind::Tensors => {
+                    let zeros = || {
+                        Tensor::zeros([batch, kv_heads, allocate, row / kv_heads], &device)
+                    };
+                    Self::Tensors {
+                        keys: zeros(),
+                        values: zeros(),
+                    }
+                }
+                Kind::CpuHost => Self::CpuHost(HostStorage::zeros(dtype, batch, allocate, row)),
+            },
+        }
+    }
+
+    /// The same keys and values in storage of kind `kind`.
+    fn into_kind(self, kind: Kind, kv_heads: usize, device: &B::Device) -> Self {
+        if self.kind() == kind {
+            return self;
+        }
+        match self {
+            Self::Tensors { keys, values } => Self::CpuHost(HostStorage::from_tensors(keys, values)),
+            Self::CpuHost(host) => {
+                let (keys, values) = host.into_tensors(kv_heads, device);
+                Self::Tensors { keys, values }
+            }
+        }
+    }
+
+    /// New storage of `allocate` positions with slots `carried` of this one at its front.
+    fn moved(self, allocate: usize, carried: Range<usize>) -> Self {
+        match self {
+            Self::Tensors { keys, values } => {
+                let move_one = |old: Tensor<B, 4>| {
+                    let [batch, heads, _, head_dim] = old.dims();
+                    let storage = Tensor::zeros([batch, heads, allocate, head_dim], &old.device());
+                    if carried.is_empty() {
+                        return storage;
+                    }
+                    storage.slice_assign(
+                        [0..batch, 0..heads, 0..carried.len(), 0..head_dim],
+                        old.narrow(2, carried.start, carried.len()),
+                    )
+                };
+                Self::Tensors {
+                    keys: move_one(keys),
+                    values: move_one(values),
+                }
+            }
+            Self::CpuHost(host) => Self::CpuHost(host.moved(allocate, carried)),
+        }
+    }
+
+    /// Waits for the device to run what is queued on this storage, before a step writes into it
+    /// in place.
+    ///
+    /// Burn 0.21's lazy wgpu (fusion) backend lets the in-place writes of a step overtake the
+    /// previous step's queued reads of the same storage, and decoding then reads the keys of the
+    /// future (tested by `cached_decoding_reproduces_the_fixtures`). A no-op on the eager CPU
+    /// backends and for host storage.
+    pub(crate) fn settle(&self) -> Result<(), AttentionError> {
+        match self {
+            Self::Tensors { keys, .. } => {
+                B::sync(&keys.device()).map_err(|error| AttentionError::Device {
+                    reason: error.to_string(),
+                })
+            }
+            Self::CpuHost(_) => Ok(()),
+        }
+    }
+
+    /// This storage with `new` written at slots `at ..` (in place: the storage is not shared).
+    pub(crate) fn written(self, at: usize, new: NewKv<B>) -> Self {
+        match (self, new) {
+            (Self::Tensors { keys, values }, NewKv::Split { keys: k, values: v }) => {
+                let [batch, heads, new, head_dim] = k.dims();
+                let slots = [0..batch, 0..heads, at..at + new, 0..head_dim];
+                Self::Tensors {
+                    keys: keys.slice_assign(slots.clone(), k),
+                    values: values.slice_assign(slots, v),
+                }
+            }
+            (Self::CpuHost(mut host), NewKv::SideBySide { keys, values }) => {
+                host.write(at, keys, values);
+                Self::CpuHost(host)
+            }
+            _ => unreachable!("the storage was prepared for this step's layout"),
+        }
+    }
+
+    /// The keys and values of slots `seen`, from tensor storage.
+    ///
+    /// # Shapes
+    /// - output: two `[batch, kv_heads, seen.len(), head_dim]`
+    pub(crate) fn tensors(&self, seen: Range<usize>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        match self {
+            Self::Tensors { keys, values } => {
+                let view = |tensor: &Tensor<B, 4>| tensor.clone().narrow(2, seen.start, seen.len());
+                (view(keys), view(values))
+            }
+            Self::CpuHost(_) => unreachable!("a tensor step is appended to tensor storage"),
+        }
+    }
+}
