@@ -220,18 +220,11 @@ impl<B: Backend> KvCache<B> {
     /// Writes the new positions' keys and values after the cached ones, in the storage their
     /// layout needs (moved there first if the cache was kept elsewhere), and returns the storage
     /// with the slots the new queries see: the kept past positions and the new ones. The caller
-    /// has checked that they fit ([`plan`](Self::plan)). A device error leaves the cache as it was.
+    /// has checked that they fit ([`plan`](Self::plan)).
     ///
     /// # Shapes
     /// - `new`: see [`NewKv`]
-    pub(crate) fn append(
-        &mut self,
-        new: NewKv<B>,
-        plan: Plan,
-    ) -> Result<(&KvStorage<B>, Range<usize>), AttentionError> {
-        if let Some(storage) = &self.storage {
-            storage.settle()?;
-        }
+    pub(crate) fn append(&mut self, new: NewKv<B>, plan: Plan) -> (&KvStorage<B>, Range<usize>) {
         let [_, count] = new.batch_and_len();
         let stored = self.len - self.start;
         // Slots of the positions to carry into new storage: all of them, or the kept ones.
@@ -254,6 +247,12 @@ impl<B: Backend> KvCache<B> {
         let at = self.len - self.start;
         let storage = self.storage.insert(storage.written(at, new));
         self.len += count;
-        Ok((storage, at - plan.keep..at + count))
+        (storage, at - plan.keep..at + count)
+    }
+
+    /// Waits until the device has run every queued read of the storage: the end of a step whose
+    /// reads the next step's in-place writes must not overtake (see [`KvStorage::settle`]).
+    pub(crate) fn settle(&self) -> Result<(), AttentionError> {
+        self.storage.as_ref().map_or(Ok(()), KvStorage::settle)
     }
 }

@@ -503,7 +503,7 @@ impl<B: Backend> MultiHeadAttention<B> {
         };
         if route == Route::CpuKernel {
             let [q, k, v] = self.project_side_by_side(x_new, &positions);
-            let (storage, seen) = cache.append(NewKv::SideBySide { keys: k, values: v }, plan)?;
+            let (storage, seen) = cache.append(NewKv::SideBySide { keys: k, values: v }, plan);
             let key_padding = key_padding.map(|mask| seen_padding(mask, seen.len()));
             let context = kernels::cached_attention(CachedInputs {
                 query: q,
@@ -516,7 +516,7 @@ impl<B: Backend> MultiHeadAttention<B> {
             return Ok(self.output_layer.forward(context));
         }
         let [q, k, v] = self.project(x_new, &positions, HeadLayout::Split);
-        let (storage, seen) = cache.append(NewKv::Split { keys: k, values: v }, plan)?;
+        let (storage, seen) = cache.append(NewKv::Split { keys: k, values: v }, plan);
         let (keys, values) = storage.tensors(seen.clone());
         let [keys, values] = [keys, values].map(|t| self.repeat_kv(t));
         let key_padding = key_padding.map(|mask| seen_padding(mask, seen.len()));
@@ -526,7 +526,9 @@ impl<B: Backend> MultiHeadAttention<B> {
         } else {
             attend::fused(q, keys, values, key_padding, self.sliding_window)
         };
-        Ok(self.merge_and_project(context))
+        let output = self.merge_and_project(context);
+        cache.settle()?;
+        Ok(output)
     }
 
     /// Checks `x` against the layer: its width, a non-empty batch and sequence, and room in the

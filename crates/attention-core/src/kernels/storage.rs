@@ -173,13 +173,13 @@ impl<B: Backend> KvStorage<B> {
         }
     }
 
-    /// Waits for the device to run what is queued on this storage, before a step writes into it
-    /// in place.
+    /// Waits for the device to run what is queued, at the end of a decoding step.
     ///
-    /// Burn 0.21's lazy wgpu (fusion) backend lets the in-place writes of a step overtake the
-    /// previous step's queued reads of the same storage, and decoding then reads the keys of the
-    /// future (tested by `cached_decoding_reproduces_the_fixtures`). A no-op on the eager CPU
-    /// backends and for host storage.
+    /// Burn 0.21's lazy wgpu (fusion) backend lets the next step's in-place writes overtake this
+    /// step's queued reads of the same storage (or fuses the next step's work with them), and
+    /// decoding then reads wrong keys (tested by `cached_decoding_reproduces_the_fixtures`; a sync
+    /// at the start of the next step's write is not enough). A no-op on the eager CPU backends
+    /// and for host storage.
     pub(crate) fn settle(&self) -> Result<(), AttentionError> {
         match self {
             Self::Tensors { keys, .. } => {
