@@ -61,22 +61,7 @@ impl<B: Backend> Decoder<B> {
         sampling: &Sampling,
         device: &B::Device,
     ) -> Result<Vec<usize>, GenerateError> {
-        self.check_prompt(prompt, new_tokens)?;
-        let mut sampler = Sampler::new(sampling)?;
-        let mut caches = self.new_caches();
-        let mut tokens = prompt.to_vec();
-        let mut step = prompt.to_vec();
-        for _ in 0..new_tokens {
-            let logits = self.forward_tokens(
-                token_tensor(&step, device),
-                Some(&mut caches[..]),
-                Logits::Last,
-            )?;
-            let next = sampler.pick(&last_logits(logits));
-            tokens.push(next);
-            step = vec![next];
-        }
-        Ok(tokens)
+        self.continue_prompt(prompt, new_tokens, sampling, device, true)
     }
 
     /// [`generate`](Self::generate) without caches: every step runs the whole sequence again.
@@ -88,11 +73,34 @@ impl<B: Backend> Decoder<B> {
         sampling: &Sampling,
         device: &B::Device,
     ) -> Result<Vec<usize>, GenerateError> {
+        self.continue_prompt(prompt, new_tokens, sampling, device, false)
+    }
+
+    /// [`generate`](Self::generate) through the blocks' caches when `cached` (each step runs
+    /// only the tokens the caches have not seen), else over the whole sequence at every step.
+    fn continue_prompt(
+        &self,
+        prompt: &[usize],
+        new_tokens: usize,
+        sampling: &Sampling,
+        device: &B::Device,
+        cached: bool,
+    ) -> Result<Vec<usize>, GenerateError> {
         self.check_prompt(prompt, new_tokens)?;
         let mut sampler = Sampler::new(sampling)?;
+        let mut caches = cached.then(|| self.new_caches());
         let mut tokens = prompt.to_vec();
+        // Tokens the caches hold.
+        let mut seen = 0;
         for _ in 0..new_tokens {
-            let logits = self.forward_tokens(token_tensor(&tokens, device), None, Logits::Last)?;
+            let logits = match caches.as_mut() {
+                Some(caches) => {
+                    let step = token_tensor(&tokens[seen..], device);
+                    seen = tokens.len();
+                    self.forward_tokens(step, Some(&mut caches[..]), Logits::Last)?
+                }
+                None => self.forward_tokens(token_tensor(&tokens, device), None, Logits::Last)?,
+            };
             tokens.push(sampler.pick(&last_logits(logits)));
         }
         Ok(tokens)
