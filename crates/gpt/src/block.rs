@@ -163,20 +163,22 @@ mod tests {
             down: linear(16, width),
             activation: Activation::Silu,
         });
+        // Burn draws parameters lazily, at first use: a clone would draw its own, so the formula
+        // below reads the block's own parts.
         let block = DecoderBlock {
             attention_norm: Some(n1.clone()),
-            attention: attention.clone(),
+            attention,
             post_attention_norm: Some(n2.clone()),
             feed_forward_norm: Some(n3.clone()),
-            feed_forward: mlp.clone(),
+            feed_forward: mlp,
             post_feed_forward_norm: Some(n4.clone()),
             dropout: DropoutConfig::new(0.0).init(),
         };
         let x = Tensor::<NdArray, 3>::random([2, 5, width], Distribution::Default, &device);
         let input = LmInput::after(Tensor::<NdArray, 2, Int>::zeros([2, 5], &device), 0);
         let got = block.forward(x.clone(), &input, None).unwrap();
-        let x = x.clone() + n2.forward(attention.forward(n1.forward(x)));
-        let expected = x.clone() + n4.forward(mlp.forward(n3.forward(x)));
+        let x = x.clone() + n2.forward(block.attention.forward(n1.forward(x)));
+        let expected = x.clone() + n4.forward(block.feed_forward.forward(n3.forward(x)));
         got.into_data()
             .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::absolute(1e-5));
     }

@@ -585,31 +585,40 @@ fn inputs_that_would_panic_or_exhaust_memory_are_one_line_errors() {
         &[weights.as_path()],
         &heatmap_out,
     );
-    let mut tensors = tensor_files::read(&weights).unwrap();
-    let nan = RawTensor::from_f32(vec![8, 8], &[f32::NAN; 64]);
-    tensors.insert("query_layer.weight".into(), nan);
-    let nan_weights = dir.join("nan.safetensors");
-    std::fs::write(
-        &nan_weights,
-        tensor_files::safetensors::serialize(&tensors).unwrap(),
-    )
-    .unwrap();
-    refused(
-        &[
-            "heatmap",
-            "--weights",
-            s(&nan_weights),
-            "--input",
-            s(&weights),
-            "--num-heads",
-            "2",
-            "--output",
-            s(&heatmap_out),
-        ],
-        "not finite",
-        &[nan_weights.as_path()],
-        &heatmap_out,
-    );
+    // A NaN weight is refused when it is loaded, naming it; finite weights so large that the
+    // scores overflow make NaN weights, which the heatmap refuses to draw.
+    for (value, name, needle) in [
+        (f32::NAN, "nan.safetensors", "`query_layer.weight` holds NaN"),
+        (3.0e38, "huge.safetensors", "not finite"),
+    ] {
+        let mut tensors = tensor_files::read(&weights).unwrap();
+        tensors.insert(
+            "query_layer.weight".into(),
+            RawTensor::from_f32(vec![8, 8], &[value; 64]),
+        );
+        let bad_weights = dir.join(name);
+        std::fs::write(
+            &bad_weights,
+            tensor_files::safetensors::serialize(&tensors).unwrap(),
+        )
+        .unwrap();
+        refused(
+            &[
+                "heatmap",
+                "--weights",
+                s(&bad_weights),
+                "--input",
+                s(&weights),
+                "--num-heads",
+                "2",
+                "--output",
+                s(&heatmap_out),
+            ],
+            needle,
+            &[bad_weights.as_path()],
+            &heatmap_out,
+        );
+    }
 }
 
 #[test]
