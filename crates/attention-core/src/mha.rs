@@ -498,9 +498,8 @@ impl<B: Backend> MultiHeadAttention<B> {
             check_explicit_size([batch, self.num_heads, new, keys])?;
         }
         // The cache keeps only the last positions: the padding of those this step sees.
-        let seen_padding = |mask: Tensor<B, 2, Bool>, seen: usize| {
-            mask.narrow(1, past + new - seen, seen)
-        };
+        let seen_padding =
+            |mask: Tensor<B, 2, Bool>, seen: usize| mask.narrow(1, past + new - seen, seen);
         if route == Route::CpuKernel {
             let [q, k, v] = self.project_side_by_side(x_new, &positions);
             let (storage, seen) = cache.append(NewKv::SideBySide { keys: k, values: v }, plan);
@@ -632,10 +631,12 @@ impl<B: Backend> MultiHeadAttention<B> {
     ) -> [Tensor<B, 4>; 3] {
         let [batch, seq, _] = x.dims();
         // One set of angles for the queries and the keys.
-        let angles = self
-            .rotary
-            .as_ref()
-            .map(|rotary| (rotary, rotary.angles(positions, seq, x.dtype(), &x.device())));
+        let angles = self.rotary.as_ref().map(|rotary| {
+            (
+                rotary,
+                rotary.angles(positions, seq, x.dtype(), &x.device()),
+            )
+        });
         let layers = [
             (&self.query_layer, self.num_heads, angles.as_ref()),
             (&self.key_layer, self.num_kv_heads, angles.as_ref()),
@@ -665,11 +666,10 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// - output: `[batch, seq, heads · head_dim]`, with `num_heads` heads for the queries and
     ///   `num_kv_heads` for keys and values
     fn project_side_by_side(&self, x: Tensor<B, 3>, positions: &Positions<B>) -> [Tensor<B, 3>; 3] {
-        self.project(x, positions, HeadLayout::SideBySide)
-            .map(|t| {
-                let [batch, seq, heads, head_dim] = t.dims();
-                t.reshape([batch, seq, heads * head_dim])
-            })
+        self.project(x, positions, HeadLayout::SideBySide).map(|t| {
+            let [batch, seq, heads, head_dim] = t.dims();
+            t.reshape([batch, seq, heads * head_dim])
+        })
     }
 
     /// Each key/value head repeated for the query heads of its group (Hugging Face's

@@ -316,7 +316,8 @@ mod tests {
             let given = rotary.angles::<NdArray>(&given, seq, DType::F32, &device);
             for (table, direct) in [(from.cos, given.cos), (from.sin, given.sin)] {
                 assert_eq!(table.dims(), [1, seq, 1, 8]);
-                let [table, direct] = [table, direct].map(|t| t.into_data().to_vec::<f32>().unwrap());
+                let [table, direct] =
+                    [table, direct].map(|t| t.into_data().to_vec::<f32>().unwrap());
                 for (i, (a, b)) in table.iter().zip(&direct).enumerate() {
                     assert!(
                         (a - b).abs() <= 2.0 * f32::EPSILON,

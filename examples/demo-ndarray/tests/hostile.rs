@@ -588,7 +588,11 @@ fn inputs_that_would_panic_or_exhaust_memory_are_one_line_errors() {
     // A NaN weight is refused when it is loaded, naming it; finite weights so large that the
     // scores overflow make NaN weights, which the heatmap refuses to draw.
     for (value, name, needle) in [
-        (f32::NAN, "nan.safetensors", "`query_layer.weight` holds NaN"),
+        (
+            f32::NAN,
+            "nan.safetensors",
+            "`query_layer.weight` holds NaN",
+        ),
         (3.0e38, "huge.safetensors", "not finite"),
     ] {
         let mut tensors = tensor_files::read(&weights).unwrap();

@@ -90,4 +90,3 @@ pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
     for_each_kernel_backend!(recognise);
     None
 }
-

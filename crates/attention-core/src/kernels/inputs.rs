@@ -20,4 +20,3 @@ pub(crate) struct KernelInputs<B: Backend> {
     pub window: Option<usize>,
     pub key_padding: Option<Tensor<B, 2, Bool>>,
 }
-

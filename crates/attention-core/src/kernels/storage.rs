@@ -122,9 +122,8 @@ impl<B: Backend> KvStorage<B> {
             Some(old) => old.moved(allocate, carried),
             None => match kind {
                 Kind::Tensors => {
-                    let zeros = || {
-                        Tensor::zeros([batch, kv_heads, allocate, row / kv_heads], &device)
-                    };
+                    let zeros =
+                        || Tensor::zeros([batch, kv_heads, allocate, row / kv_heads], &device);
                     Self::Tensors {
                         keys: zeros(),
                         values: zeros(),
@@ -141,7 +140,9 @@ impl<B: Backend> KvStorage<B> {
             return self;
         }
         match self {
-            Self::Tensors { keys, values } => Self::CpuHost(HostStorage::from_tensors(keys, values)),
+            Self::Tensors { keys, values } => {
+                Self::CpuHost(HostStorage::from_tensors(keys, values))
+            }
             Self::CpuHost(host) => {
                 let (keys, values) = host.into_tensors(kv_heads, device);
                 Self::Tensors { keys, values }
