@@ -13,9 +13,7 @@
 use std::any::TypeId;
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayBase, Data, DataMut, Ix2};
-
-use super::kernel::KernelFloat;
+use ndarray::{ArrayBase, Data, DataMut, Ix2, LinalgScalar};
 
 /// `out ← alpha · lhs · rhs + beta · out`, as [`general_mat_mul`] (which it replaces in the
 /// kernel), on `gemm` for `f32` and `f64`, single-threaded (the kernel's tasks are the
@@ -26,7 +24,7 @@ use super::kernel::KernelFloat;
 ///
 /// # Panics
 /// When the shapes do not agree.
-pub(super) fn mat_mul<E: KernelFloat>(
+pub(super) fn mat_mul<E: LinalgScalar + PartialEq>(
     alpha: E,
     lhs: &ArrayBase<impl Data<Elem = E>, Ix2>,
     rhs: &ArrayBase<impl Data<Elem = E>, Ix2>,
