@@ -1,4 +1,5 @@
-//! The attention core, `softmax(mask(q kᵀ) / √head_dim) v`, on its two paths.
+//! The attention core, `softmax(mask(q kᵀ) / √head_dim) v`, on its two paths, with what the
+//! layer's config may change in it: the scale, a soft-cap and sinks ([`ScoreRule`]).
 
 use burn::nn::Dropout;
 use burn::prelude::*;
@@ -30,6 +31,48 @@ pub enum AttentionPath {
     Fused,
 }
 
+/// How the scores are made from `q kᵀ`, and what joins their softmax besides the keys: `s =
+/// scale · q kᵀ`, then `c · tanh(s / c)` with a soft-cap `c` (Gemma 2), then the mask; with sinks
+/// (gpt-oss, StreamingLLM) each head's softmax has `exp(sink)` in its denominator, a key that
+/// takes weight and contributes no value.
+#[derive(Debug, Clone)]
+pub(crate) struct ScoreRule<B: Backend> {
+    /// Multiplies `q kᵀ`; `None`: `1/√head_dim` (which the explicit path applies as a division
+    /// by `√head_dim`, rounding as the chapter's code does).
+    pub scale: Option<f64>,
+    /// The soft-cap, if any.
+    pub softcap: Option<f64>,
+    /// One logit per query head, `[heads]`, if any.
+    pub sinks: Option<Tensor<B, 1>>,
+}
+
+impl<B: Backend> ScoreRule<B> {
+    /// The factor of `q kᵀ` for heads of `head_dim` features.
+    pub fn scale_for(&self, head_dim: usize) -> f64 {
+        scale_for(self.scale, head_dim)
+    }
+
+    /// `scores` scaled and soft-capped.
+    ///
+    /// # Shapes
+    /// - `scores`: any; output: the same
+    fn apply<const D: usize>(&self, scores: Tensor<B, D>, head_dim: usize) -> Tensor<B, D> {
+        let scaled = match self.scale {
+            None => scores / (head_dim as f64).sqrt(),
+            Some(scale) => scores * scale,
+        };
+        match self.softcap {
+            None => scaled,
+            Some(cap) => (scaled / cap).tanh() * cap,
+        }
+    }
+}
+
+/// `scale`, or `1/√head_dim` without one.
+pub(crate) fn scale_for(scale: Option<f64>, head_dim: usize) -> f64 {
+    scale.unwrap_or_else(|| (head_dim as f64).sqrt().recip())
+}
+
 /// What the explicit path computes on its way.
 pub(crate) struct AttentionScores<B: Backend> {
     /// `[batch, heads, queries, head_dim]`
@@ -38,7 +81,8 @@ pub(crate) struct AttentionScores<B: Backend> {
     pub scores: Tensor<B, 4>,
     /// The scores with `-inf` where masked.
     pub masked_scores: Tensor<B, 4>,
-    /// Softmax of the scaled, masked scores, before dropout.
+    /// Softmax of the scaled (and soft-capped), masked scores, before dropout; without the
+    /// sinks' share.
     pub weights: Tensor<B, 4>,
 }
 
@@ -63,7 +107,8 @@ pub(crate) fn mask_for<B: Backend>(
     )
 }
 
-/// The chapter's attention: `dropout(softmax(masked_fill(q kᵀ, mask, -inf) / √head_dim)) v`.
+/// The chapter's attention: `dropout(softmax(masked_fill(q kᵀ, mask, -inf) / √head_dim)) v`, with
+/// the scale, soft-cap and sinks of `rule`.
 ///
 /// Rows whose keys are all masked get weights 0 (the chapter's softmax would give NaN).
 ///
@@ -75,17 +120,26 @@ pub(crate) fn explicit<B: Backend>(
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
     mask: Tensor<B, 4, Bool>,
+    rule: &ScoreRule<B>,
     dropout: &Dropout,
 ) -> AttentionScores<B> {
     let head_dim = q.dims()[3];
     let scores = q.matmul(k.swap_dims(2, 3)); // [batch, heads, queries, keys]
+    // Without a soft-cap, scaling the masked scores gives the same values as masking the scaled
+    // ones (−inf / √hd = −inf) and spares a second pass over the broadcast mask. With one, the
+    // cap goes first: tanh(−inf) is −1.
+    let capped_and_masked = rule.softcap.map(|_| {
+        rule.apply(scores.clone().detach(), head_dim)
+            .mask_fill(mask.clone(), f32::NEG_INFINITY)
+    });
     let masked_scores = scores.clone().mask_fill(mask, f32::NEG_INFINITY);
-    // Divided, not multiplied by 1/√hd, exactly as the reference rounds. Dividing the masked
-    // scores gives the same values as masking the divided ones (−inf / √hd = −inf) and spares a
-    // second pass over the broadcast mask.
-    let scale = (head_dim as f64).sqrt();
-    let masked_scaled = masked_scores.clone().detach() / scale;
-    let weights = softmax_of_masked(masked_scaled, || scores.clone() / scale);
+    let masked_scaled =
+        capped_and_masked.unwrap_or_else(|| rule.apply(masked_scores.clone().detach(), head_dim));
+    let scaled = || rule.apply(scores.clone(), head_dim);
+    let weights = match &rule.sinks {
+        None => softmax_of_masked(masked_scaled, scaled),
+        Some(sinks) => softmax_with_sinks(masked_scaled, scaled, sinks.clone()),
+    };
     let context = dropout.forward(weights.clone()).matmul(v);
     AttentionScores {
         context,
@@ -136,6 +190,28 @@ fn softmax_of_masked<B: Backend>(
     weights.clone() + weights * centered
 }
 
+/// [`softmax_of_masked`] with each head's sink as one more column of the softmax, dropped from the
+/// weights it returns: their rows sum to `1 − sink's share`.
+///
+/// # Shapes
+/// - `x`, `scaled()`: `[batch, heads, queries, keys]`; `sinks`: `[heads]`
+/// - output: `[batch, heads, queries, keys]`
+fn softmax_with_sinks<B: Backend>(
+    x: Tensor<B, 4>,
+    scaled: impl FnOnce() -> Tensor<B, 4>,
+    sinks: Tensor<B, 1>,
+) -> Tensor<B, 4> {
+    let [batch, heads, queries, keys] = x.dims();
+    let column = sinks
+        .reshape([1, heads, 1, 1])
+        .expand([batch, heads, queries, 1]);
+    let with_sink = |scores: Tensor<B, 4>, sinks: Tensor<B, 4>| Tensor::cat(vec![scores, sinks], 3);
+    let weights = softmax_of_masked(with_sink(x, column.clone().detach()), || {
+        with_sink(scaled(), column)
+    });
+    weights.narrow(3, 0, keys)
+}
+
 /// Burn's fused attention op, with the causal mask aligned bottom-right (`queries < keys` means
 /// the queries are the last positions), an optional key-padding mask and an optional sliding
 /// window. Scale left at its default `1/√head_dim`: passing it explicitly sends cubecl to its
@@ -144,7 +220,9 @@ fn softmax_of_masked<B: Backend>(
 /// Burn 0.21's op has two causal conventions: its fallback aligns the mask bottom-right, cubek's
 /// flash kernels (which wgpu's autotune may pick) top-left. The op's `is_causal` is therefore
 /// used only where they agree, `queries == keys`; otherwise the causal part travels in the mask,
-/// except for one query after its keys, which sees them all.
+/// except for one query after its keys, which sees them all. A scale or soft-cap of `rule` goes to
+/// the op (on wgpu, Burn then takes its `O(T²)` fallback); sinks are not the op's, and the route
+/// never sends a layer with sinks here.
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, queries, head_dim]`; `k`, `v`: `[batch, heads, keys, head_dim]`
@@ -156,8 +234,10 @@ pub(crate) fn fused<B: Backend>(
     v: Tensor<B, 4>,
     key_padding: Option<Tensor<B, 2, Bool>>,
     window: Option<usize>,
+    rule: &ScoreRule<B>,
 ) -> Tensor<B, 4> {
-    let [batch, heads, queries, _] = q.dims();
+    debug_assert!(rule.sinks.is_none(), "Burn's attention op has no sinks");
+    let [batch, heads, queries, head_dim] = q.dims();
     let keys = k.dims()[2];
     let window = window.filter(|&window| window < keys);
     let square = queries == keys;
@@ -174,8 +254,8 @@ pub(crate) fn fused<B: Backend>(
         (padding, square)
     };
     let options = AttentionModuleOptions {
-        scale: None,
-        softcap: None,
+        scale: rule.scale.map(|_| rule.scale_for(head_dim)),
+        softcap: rule.softcap,
         is_causal,
     };
     attention(q, k, v, mask, None, options)

@@ -35,6 +35,29 @@ pub enum AttentionError {
     /// Rotary embeddings rotate pairs of features: the head width must be even.
     #[error("rotary embeddings need an even head_dim, got {0}")]
     RopeOddHeadDim(usize),
+    /// Partial rotary embeddings rotate pairs of features: `rotary_dim` must be even.
+    #[error("rotary embeddings need an even rotary_dim, got {0}")]
+    RopeOddRotaryDim(usize),
+    /// Partial rotary embeddings turn the first `rotary_dim` features of a head: no more than
+    /// it has.
+    #[error("rotary_dim ({rotary_dim}) must be at most head_dim ({head_dim})")]
+    RopeRotaryDimTooLarge {
+        /// The configured rotary width.
+        rotary_dim: usize,
+        /// The layer's head width.
+        head_dim: usize,
+    },
+    /// The scores' `scale` or `softcap` is not finite or not positive.
+    #[error("`{name}` must be finite and positive, got {value}")]
+    ScoreParameter {
+        /// `scale` or `softcap`.
+        name: &'static str,
+        /// The value given.
+        value: f64,
+    },
+    /// The query/key norm's epsilon is not finite or not positive.
+    #[error("q/k norm `epsilon` must be finite and positive, got {0}")]
+    QkNormEpsilon(f64),
     /// A rotary-embedding parameter is not finite, not positive, or out of order.
     #[error("rotary embedding `{name}` is invalid: {value}")]
     RopeParameter {

@@ -20,7 +20,11 @@
 //! assert_eq!(trace.weights.dims(), [1, 2, 6, 6]);
 //! ```
 //!
-//! - [`MultiHeadAttentionConfig`] / [`MultiHeadAttention`]: the layer (`mha.rs`).
+//! - [`MultiHeadAttentionConfig`] / [`MultiHeadAttention`]: the layer (`mha.rs`). Every
+//!   variant of the queries and keys — grouped heads, [`RopeConfig`] (over all of a head or its
+//!   first `rotary_dim` features, `rope.rs`), [`QkNormConfig`] (RMSNorms per head or over the
+//!   projected width, `qk_norm.rs`) — is applied in its one projection step, before any attention
+//!   core, so that every path sees it.
 //! - [`AttentionPath`]: the explicit and the fused attention core (`attend.rs`); which code runs
 //!   for a path on a backend is decided in one place, `route.rs`.
 //! - [`mask`]: causal and key-padding masks.
@@ -28,7 +32,8 @@
 //!   named in one place (`kernels/mod.rs`); `kernels/cpu/` is the CPU kernel behind the fused
 //!   path on ndarray and burn-flex, with its own backward pass.
 //! - [`KvCache`]: incremental decoding (`cache.rs`).
-//! - [`weights`]: PyTorch state dicts in and out (the chapter's and GPT-2's layouts).
+//! - [`weights`]: PyTorch state dicts in and out (the chapter's, GPT-2's and Hugging Face Llama's
+//!   layouts, q/k norm weights included).
 #![warn(missing_docs)]
 
 mod attend;
@@ -37,6 +42,7 @@ mod error;
 mod kernels;
 pub mod mask;
 mod mha;
+mod qk_norm;
 mod rope;
 mod route;
 pub mod weights;
@@ -49,4 +55,5 @@ pub use mha::{
     AttentionInput, AttentionTrace, EXPLICIT_SCORES_LIMIT, MultiHeadAttention,
     MultiHeadAttentionConfig,
 };
+pub use qk_norm::{QkNorm, QkNormConfig, QkNormScope};
 pub use rope::{Llama3Scaling, RopeConfig, RopeLayout, RopeScaling};

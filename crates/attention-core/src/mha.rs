@@ -1,20 +1,24 @@
 //! The layer: [`MultiHeadAttentionConfig`] and [`MultiHeadAttention`].
 
+use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::{Bool, Int};
 
-use crate::attend::{self, AttentionPath, AttentionScores};
+use crate::attend::{self, AttentionPath, AttentionScores, ScoreRule};
 use crate::cache::KvCache;
 use crate::error::AttentionError;
 use crate::kernels::{self, CachedInputs, KernelInputs, NewKv};
+use crate::qk_norm::{QkNorm, QkNormConfig, QkNormScope};
 use crate::rope::{Positions, RopeConfig, Rotary};
 use crate::route::{Call, Route, route};
 
 /// Configuration of a causal [`MultiHeadAttention`] layer, with the parameter names of the source
 /// chapter's `MultiHeadAttention(input_dim, output_dim, context_length, dropout, num_heads,
 /// qkv_bias)`, and what the Llama family adds: grouped key/value heads, a head width of its own,
-/// rotary positions and a sliding window.
+/// rotary positions (on part of each head too) and a sliding window; RMSNorms of the queries
+/// and keys (Qwen3, Gemma 3, OLMo2); and what changes the scores: a scale of their own and a
+/// soft-cap (Gemma), learned sinks (gpt-oss).
 ///
 /// ```
 /// # use attention_core::{MultiHeadAttentionConfig, RopeConfig};
@@ -63,12 +67,30 @@ pub struct MultiHeadAttentionConfig {
     /// `i − j < window`). Default: every earlier key.
     #[config(default = "None")]
     pub sliding_window: Option<usize>,
+    /// RMSNorms with learned weights on the queries and keys, after the projections and before
+    /// RoPE: per head (Qwen3, Gemma 3) or over the whole projected width (OLMo2). Default: none.
+    #[config(default = "None")]
+    pub qk_norm: Option<QkNormConfig>,
+    /// Multiplies `q kᵀ` in place of `1/√head_dim` (Gemma: `query_pre_attn_scalar^-½`); finite
+    /// and positive. Default: `1/√head_dim`.
+    #[config(default = "None")]
+    pub scale: Option<f64>,
+    /// Soft-caps the scaled scores to `(−c, c)` as `c · tanh(s / c)`, before the mask (Gemma 2's
+    /// `attn_logit_softcapping`); finite and positive. Default: none.
+    #[config(default = "None")]
+    pub softcap: Option<f64>,
+    /// Learned attention sinks: one logit per query head that joins its softmax's denominator
+    /// and takes no value (gpt-oss, StreamingLLM), so a head can attend to nothing. Initialized
+    /// to 0. Default: `false`.
+    #[config(default = false)]
+    pub sinks: bool,
 }
 
 impl MultiHeadAttentionConfig {
     /// Checks the config: every size at least 1, `num_heads` divides `output_dim` (without a
     /// `head_dim`), `num_kv_heads` divides `num_heads`, `dropout` in `[0, 1)`, the rotary
-    /// embedding's parameters (and an even head width) and a window of at least 1.
+    /// embedding's parameters (and an even rotated width), a window of at least 1, the q/k
+    /// norms' epsilon, and a finite, positive scale and soft-cap.
     pub fn validate(&self) -> Result<(), AttentionError> {
         for (name, value) in [
             ("input_dim", self.input_dim),
@@ -102,6 +124,18 @@ impl MultiHeadAttentionConfig {
         if let Some(rope) = &self.rope {
             rope.validate(self.head_dim())?;
         }
+        if let Some(qk_norm) = &self.qk_norm {
+            qk_norm.validate()?;
+        }
+        for (name, value) in [("scale", self.scale), ("softcap", self.softcap)] {
+            match value {
+                // Written so that NaN fails too.
+                Some(value) if !(value.is_finite() && value > 0.0) => {
+                    return Err(AttentionError::ScoreParameter { name, value });
+                }
+                _ => {}
+            }
+        }
         Ok(())
     }
 
@@ -116,7 +150,8 @@ impl MultiHeadAttentionConfig {
     }
 
     /// Initializes a layer with PyTorch's default `nn.Linear` initialization
-    /// (`U(-1/√fan_in, 1/√fan_in)`), or says what is wrong with the config.
+    /// (`U(-1/√fan_in, 1/√fan_in)`) and q/k norms that scale by 1, or says what is wrong with
+    /// the config.
     pub fn try_init<B: Backend>(
         &self,
         device: &B::Device,
@@ -128,13 +163,28 @@ impl MultiHeadAttentionConfig {
                 .with_bias(self.qkv_bias)
                 .init(device)
         };
+        // A norm over one head's features, or over the projection's `heads · head_dim`.
+        let norm = |heads: usize| {
+            self.qk_norm.as_ref().map(|config| {
+                let width = match config.scope {
+                    QkNormScope::Head => head_dim,
+                    QkNormScope::Width => heads * head_dim,
+                };
+                config.init::<B>(width, device)
+            })
+        };
         Ok(MultiHeadAttention {
             query_layer: projection(self.num_heads),
             key_layer: projection(kv_heads),
             value_layer: projection(kv_heads),
+            query_norm: norm(self.num_heads),
+            key_norm: norm(kv_heads),
             output_layer: LinearConfig::new(self.num_heads * head_dim, self.output_dim)
                 .with_bias(self.output_bias)
                 .init(device),
+            sinks: self
+                .sinks
+                .then(|| Param::from_tensor(Tensor::zeros([self.num_heads], device))),
             dropout: DropoutConfig::new(self.dropout).init(),
             num_heads: self.num_heads,
             num_kv_heads: kv_heads,
@@ -143,6 +193,9 @@ impl MultiHeadAttentionConfig {
             rope: self.rope.clone(),
             rotary: self.rope.as_ref().map(|rope| Rotary::new(rope, head_dim)),
             sliding_window: self.sliding_window,
+            qk_norm: self.qk_norm.clone(),
+            scale: self.scale,
+            softcap: self.softcap,
         })
     }
 
@@ -157,14 +210,17 @@ impl MultiHeadAttentionConfig {
 }
 
 /// Causal multi-head self-attention, as in GPT, and as in Llama with grouped key/value heads,
-/// rotary positions and a sliding window when its config asks for them.
+/// rotary positions, a sliding window and q/k norms when its config asks for them.
 ///
-/// `y = output_layer(merge_heads(dropout(softmax(mask(q kᵀ) / √head_dim)) v))` with
+/// `y = output_layer(merge_heads(dropout(softmax(mask(q kᵀ) / √head_dim)) v))` (the scale, a
+/// soft-cap and sinks as the config says, see [`MultiHeadAttentionConfig::sinks`]) with
 /// `q, k, v = query_layer(x), key_layer(x), value_layer(x)` split into heads (head `j` owns
-/// features `[j·head_dim, (j+1)·head_dim)`), `q` and `k` rotated by their positions when the layer
-/// has RoPE, and query head `i` attending with key/value head `i / (heads / kv_heads)`. The field
-/// names are the keys of the reference's PyTorch `state_dict`, so weights map one to one (see
-/// [`crate::weights`] for the GPT-2 and Hugging Face Llama key names).
+/// features `[j·head_dim, (j+1)·head_dim)`), `q` and `k` normalized by `query_norm` and `key_norm`
+/// (per head, or over the projection's width before the split) and then rotated by their
+/// positions, when the layer has these, and query head `i` attending with key/value head
+/// `i / (heads / kv_heads)`. The field names are the keys of the reference's PyTorch
+/// `state_dict`, so weights map one to one (see [`crate::weights`] for the GPT-2 and Hugging Face
+/// Llama key names).
 ///
 /// Burn's [`Linear`] stores its weight as `[in, out]`, the transpose of PyTorch's `nn.Linear`.
 #[derive(Module, Debug)]
@@ -177,6 +233,17 @@ pub struct MultiHeadAttention<B: Backend> {
     pub value_layer: Linear<B>,
     /// Output projection, `num_heads · head_dim → output_dim`.
     pub output_layer: Linear<B>,
+    /// RMSNorm of the queries, if the config has [`qk_norm`](MultiHeadAttentionConfig::qk_norm):
+    /// over `head_dim` features ([`QkNormScope::Head`]) or `num_heads · head_dim`
+    /// ([`QkNormScope::Width`]).
+    pub query_norm: Option<QkNorm<B>>,
+    /// RMSNorm of the keys, if the config has [`qk_norm`](MultiHeadAttentionConfig::qk_norm):
+    /// over `head_dim` features ([`QkNormScope::Head`]) or `num_kv_heads · head_dim`
+    /// ([`QkNormScope::Width`]).
+    pub key_norm: Option<QkNorm<B>>,
+    /// One sink logit per query head, `[num_heads]`, if the config has
+    /// [`sinks`](MultiHeadAttentionConfig::sinks).
+    pub sinks: Option<Param<Tensor<B, 1>>>,
     /// Dropout on the attention weights (after the softmax).
     pub dropout: Dropout,
     num_heads: usize,
@@ -190,6 +257,13 @@ pub struct MultiHeadAttention<B: Backend> {
     rotary: Option<Rotary>,
     #[module(skip)]
     sliding_window: Option<usize>,
+    /// Where `query_norm` and `key_norm` apply, and with which epsilon and convention.
+    #[module(skip)]
+    qk_norm: Option<QkNormConfig>,
+    #[module(skip)]
+    scale: Option<f64>,
+    #[module(skip)]
+    softcap: Option<f64>,
 }
 
 /// A forward pass's input beyond the tokens: an optional key-padding mask, the tokens' positions
@@ -323,6 +397,10 @@ impl<B: Backend> MultiHeadAttention<B> {
         )
         .with_rope(self.rope.clone())
         .with_sliding_window(self.sliding_window)
+        .with_qk_norm(self.qk_norm.clone())
+        .with_scale(self.scale)
+        .with_softcap(self.softcap)
+        .with_sinks(self.sinks.is_some())
     }
 
     /// Causal self-attention over `x`.
@@ -376,6 +454,7 @@ impl<B: Backend> MultiHeadAttention<B> {
                     kv_heads: self.num_kv_heads,
                     window: self.sliding_window,
                     key_padding,
+                    scores: self.score_rule(),
                 });
                 return Ok(self.output_layer.forward(context));
             }
@@ -383,12 +462,19 @@ impl<B: Backend> MultiHeadAttention<B> {
                 let [q, k, v] = self.project(x, &positions, HeadLayout::Split);
                 let mask = attend::mask_for(&q, 0, key_padding, self.sliding_window);
                 let [k, v] = [k, v].map(|t| self.repeat_kv(t));
-                attend::explicit(q, k, v, mask, &self.dropout).context
+                attend::explicit(q, k, v, mask, &self.score_rule(), &self.dropout).context
             }
             Route::BurnOp => {
                 let [q, k, v] = self.project(x, &positions, HeadLayout::Split);
                 let [k, v] = [k, v].map(|t| self.repeat_kv(t));
-                attend::fused(q, k, v, key_padding, self.sliding_window)
+                attend::fused(
+                    q,
+                    k,
+                    v,
+                    key_padding,
+                    self.sliding_window,
+                    &self.score_rule(),
+                )
             }
         };
         Ok(self.merge_and_project(context))
@@ -425,7 +511,7 @@ impl<B: Backend> MultiHeadAttention<B> {
             scores,
             masked_scores,
             weights,
-        } = attend::explicit(q, k, v, mask, &self.dropout);
+        } = attend::explicit(q, k, v, mask, &self.score_rule(), &self.dropout);
         Ok(AttentionTrace {
             output: self.merge_and_project(context),
             scores,
@@ -511,6 +597,7 @@ impl<B: Backend> MultiHeadAttention<B> {
                 heads: self.num_heads,
                 window: self.sliding_window,
                 key_padding,
+                scores: self.score_rule(),
             });
             return Ok(self.output_layer.forward(context));
         }
@@ -521,9 +608,16 @@ impl<B: Backend> MultiHeadAttention<B> {
         let key_padding = key_padding.map(|mask| seen_padding(mask, seen.len()));
         let context = if route == Route::Explicit {
             let mask = attend::mask_for(&q, seen.len() - new, key_padding, self.sliding_window);
-            attend::explicit(q, keys, values, mask, &self.dropout).context
+            attend::explicit(q, keys, values, mask, &self.score_rule(), &self.dropout).context
         } else {
-            attend::fused(q, keys, values, key_padding, self.sliding_window)
+            attend::fused(
+                q,
+                keys,
+                values,
+                key_padding,
+                self.sliding_window,
+                &self.score_rule(),
+            )
         };
         let output = self.merge_and_project(context);
         cache.settle()?;
@@ -558,7 +652,17 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// What computes this call's attention core (see [`crate::route`]).
     fn route(&self, path: AttentionPath, call: Call) -> Route {
         let training = B::ad_enabled(&self.output_layer.weight.device());
-        route::<B>(path, call, training, training && self.dropout.prob > 0.0)
+        let dropout_active = training && self.dropout.prob > 0.0;
+        route::<B>(path, call, training, dropout_active, self.sinks.is_some())
+    }
+
+    /// The scale, soft-cap and sinks every path computes the scores with.
+    fn score_rule(&self) -> ScoreRule<B> {
+        ScoreRule {
+            scale: self.scale,
+            softcap: self.softcap,
+            sinks: self.sinks.as_ref().map(Param::val),
+        }
     }
 
     /// A whole sequence's input, taken apart after checking it against the layer.
@@ -611,8 +715,10 @@ impl<B: Backend> MultiHeadAttention<B> {
     }
 
     /// The one projection step of every path: queries, keys and values from `x`, queries and keys
-    /// turned by their positions (with RoPE), each split into heads in `layout` as soon as it is
-    /// made. Keys and values keep their `num_kv_heads` heads.
+    /// normalized (with q/k norms: over the projection's width before the head split, or per head
+    /// after it) and then turned by their positions (with RoPE), each split into heads in `layout`
+    /// as soon as it is made. Keys and values keep their `num_kv_heads` heads. Every attention
+    /// core reads what this makes, so each variant here holds on every path.
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, input_dim]`
@@ -637,15 +743,35 @@ impl<B: Backend> MultiHeadAttention<B> {
                 rotary.angles(positions, seq, x.dtype(), &x.device()),
             )
         });
+        let scope = self.qk_norm.as_ref().map(|config| config.scope);
         let layers = [
-            (&self.query_layer, self.num_heads, angles.as_ref()),
-            (&self.key_layer, self.num_kv_heads, angles.as_ref()),
-            (&self.value_layer, self.num_kv_heads, None),
+            (
+                &self.query_layer,
+                self.num_heads,
+                self.query_norm.as_ref(),
+                angles.as_ref(),
+            ),
+            (
+                &self.key_layer,
+                self.num_kv_heads,
+                self.key_norm.as_ref(),
+                angles.as_ref(),
+            ),
+            (&self.value_layer, self.num_kv_heads, None, None),
         ];
-        layers.map(|(layer, heads, angles)| {
-            let side_by_side = layer
-                .forward(x.clone())
-                .reshape([batch, seq, heads, self.head_dim]);
+        layers.map(|(layer, heads, norm, angles)| {
+            let norm_at = |at: QkNormScope| norm.filter(|_| scope == Some(at));
+            // [batch, seq, heads · head_dim]
+            let projected = layer.forward(x.clone());
+            let projected = match norm_at(QkNormScope::Width) {
+                Some(norm) => norm.forward(projected),
+                None => projected,
+            };
+            let side_by_side = projected.reshape([batch, seq, heads, self.head_dim]);
+            let side_by_side = match norm_at(QkNormScope::Head) {
+                Some(norm) => norm.forward(side_by_side),
+                None => side_by_side,
+            };
             let side_by_side = match angles {
                 Some((rotary, angles)) => rotary.apply(side_by_side, angles),
                 None => side_by_side,

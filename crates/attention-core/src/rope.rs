@@ -3,9 +3,11 @@
 //!
 //! Pairs of features `(a, b)` of a head are rotated by `angle = position · inv_freq[i]`:
 //! `(a cos − b sin, b cos + a sin)`. Which features pair up is the [`RopeLayout`]; the inverse
-//! frequencies are `theta^(−2i / head_dim)`, optionally rescaled ([`RopeScaling`]). The
-//! arithmetic follows Hugging Face's float32 rounding: inverse frequencies rounded to `f32`, the
-//! angle a float32 product of position and frequency.
+//! frequencies are `theta^(−2i / rotary_dim)`, optionally rescaled ([`RopeScaling`]), where
+//! `rotary_dim` is the head width, or fewer features for partial rotary embeddings (Phi-3's
+//! `partial_rotary_factor`: only the first `rotary_dim` features of each head turn, the rest pass
+//! through). The arithmetic follows Hugging Face's float32 rounding: inverse frequencies rounded
+//! to `f32`, the angle a float32 product of position and frequency.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -14,11 +16,12 @@ use burn::tensor::{DType, Int};
 
 use crate::error::AttentionError;
 
-/// Which features of a head form the rotated pairs.
+/// Which features of a head form the rotated pairs (of its first `rotary_dim` features, with
+/// partial rotary embeddings).
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
 pub enum RopeLayout {
-    /// Feature `i` with feature `i + head_dim / 2` (Hugging Face's `rotate_half`): what Hugging
-    /// Face checkpoints of Llama, Qwen2 and Mistral need.
+    /// Feature `i` with feature `i + rotary_dim / 2` (Hugging Face's `rotate_half`): what Hugging
+    /// Face checkpoints of Llama, Qwen2, Mistral and Phi-3 need.
     Half,
     /// Features `2i` and `2i + 1` (Meta's original Llama, GPT-J, Burn's `RotaryEncoding`).
     Interleaved,
@@ -27,7 +30,7 @@ pub enum RopeLayout {
 /// How the inverse frequencies are rescaled for contexts longer than training's.
 #[derive(Config, Debug, PartialEq)]
 pub enum RopeScaling {
-    /// `theta^(−2i / head_dim)` as it is (Hugging Face's `rope_type: "default"`).
+    /// `theta^(−2i / rotary_dim)` as it is (Hugging Face's `rope_type: "default"`).
     None,
     /// Every inverse frequency divided by `factor` (`rope_type: "linear"`).
     Linear {
@@ -106,14 +109,35 @@ pub struct RopeConfig {
     /// Rescaling of the inverse frequencies. Default: none.
     #[config(default = "RopeScaling::None")]
     pub scaling: RopeScaling,
+    /// Partial rotary embeddings: only the first `rotary_dim` features of each head turn (their
+    /// inverse frequencies `theta^(−2i / rotary_dim)`, `i < rotary_dim / 2`, as transformers'
+    /// Phi-3 computes them from `partial_rotary_factor`), the others pass through unchanged. Must
+    /// be even and at most `head_dim`. Default: every feature (`head_dim`).
+    #[config(default = "None")]
+    pub rotary_dim: Option<usize>,
 }
 
 impl RopeConfig {
-    /// Checks the config for heads of `head_dim` features: an even width, a finite `theta` above
-    /// 1, finite positive factors.
+    /// Checks the config for heads of `head_dim` features: an even rotated width (`rotary_dim`,
+    /// at least 2 and at most `head_dim`, or else `head_dim` itself), a finite `theta` above 1,
+    /// finite positive factors.
     pub fn validate(&self, head_dim: usize) -> Result<(), AttentionError> {
-        if !head_dim.is_multiple_of(2) {
-            return Err(AttentionError::RopeOddHeadDim(head_dim));
+        match self.rotary_dim {
+            None if !head_dim.is_multiple_of(2) => {
+                return Err(AttentionError::RopeOddHeadDim(head_dim));
+            }
+            None => {}
+            Some(0) => return Err(AttentionError::ZeroSize { name: "rotary_dim" }),
+            Some(rotary_dim) if !rotary_dim.is_multiple_of(2) => {
+                return Err(AttentionError::RopeOddRotaryDim(rotary_dim));
+            }
+            Some(rotary_dim) if rotary_dim > head_dim => {
+                return Err(AttentionError::RopeRotaryDimTooLarge {
+                    rotary_dim,
+                    head_dim,
+                });
+            }
+            Some(_) => {}
         }
         if !(self.theta.is_finite() && self.theta > 1.0) {
             return Err(AttentionError::RopeParameter {
@@ -128,13 +152,21 @@ impl RopeConfig {
         }
     }
 
-    /// The `head_dim / 2` inverse frequencies, after scaling, rounded to `f32` as Hugging Face
+    /// The features of a `head_dim`-wide head that turn: `rotary_dim`, or all of them.
+    pub fn rotary_width(&self, head_dim: usize) -> usize {
+        self.rotary_dim.unwrap_or(head_dim)
+    }
+
+    /// The `rotary_dim / 2` inverse frequencies of heads of `head_dim` features (`rotary_dim` is
+    /// [`rotary_width`](Self::rotary_width)), after scaling, rounded to `f32` as Hugging Face
     /// stores them.
     pub fn inverse_frequencies(&self, head_dim: usize) -> Vec<f32> {
-        (0..head_dim / 2)
+        let width = self.rotary_width(head_dim);
+        (0..width / 2)
             .map(|i| {
-                // HF: `1 / theta ** (arange(0, hd, 2) / hd)` in float32.
-                let exponent = (2 * i) as f32 / head_dim as f32;
+                // HF: `1 / theta ** (arange(0, dim, 2) / dim)` in float32, `dim` the rotated
+                // width (Phi-3's `int(head_dim * partial_rotary_factor)`).
+                let exponent = (2 * i) as f32 / width as f32;
                 let inverse = 1.0 / self.theta.powf(f64::from(exponent));
                 self.scale(inverse) as f32
             })
@@ -151,8 +183,8 @@ impl RopeConfig {
 }
 
 /// A layer's rotary embedding, ready to apply: its layout, its inverse frequencies (computed once,
-/// when the layer is made) and a table of `cos` and `sin` by position, filled as far as the
-/// layer's calls have reached. Clones of a layer share the table.
+/// when the layer is made; `rotary_dim / 2` of them) and a table of `cos` and `sin` by position,
+/// filled as far as the layer's calls have reached. Clones of a layer share the table.
 #[derive(Debug, Clone)]
 pub(crate) struct Rotary {
     layout: RopeLayout,
@@ -160,7 +192,7 @@ pub(crate) struct Rotary {
     table: Arc<Mutex<AngleTable>>,
 }
 
-/// `cos` and `sin` of positions `0..positions`, `[positions, head_dim / 2]` each, as float32
+/// `cos` and `sin` of positions `0..positions`, `[positions, rotary_dim / 2]` each, as float32
 /// products of position and inverse frequency (Hugging Face's rounding).
 #[derive(Debug, Default)]
 struct AngleTable {
@@ -200,7 +232,7 @@ pub(crate) enum Positions<B: Backend> {
 /// `cos` and `sin` of a call's angles, shared by its queries and keys.
 ///
 /// # Shapes
-/// - `cos`, `sin`: `[batch or 1, seq, 1, head_dim / 2]`
+/// - `cos`, `sin`: `[batch or 1, seq, 1, rotary_dim / 2]`
 #[derive(Debug, Clone)]
 pub(crate) struct Angles<B: Backend> {
     cos: Tensor<B, 4>,
@@ -254,14 +286,32 @@ impl Rotary {
         }
     }
 
-    /// Turns every head of `x` by its position's angles.
+    /// Turns every head of `x` by its position's angles: its first `rotary_dim` features, the
+    /// others (with partial rotary embeddings) passed through.
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, heads, head_dim]`
     /// - output: `[batch, seq, heads, head_dim]`
     pub(crate) fn apply<B: Backend>(&self, x: Tensor<B, 4>, angles: &Angles<B>) -> Tensor<B, 4> {
-        let [batch, seq, heads, head_dim] = x.dims();
-        let half = head_dim / 2;
+        let head_dim = x.dims()[3];
+        let rotary_dim = 2 * self.inverse_frequencies.len();
+        if rotary_dim == head_dim {
+            return self.rotate(x, angles);
+        }
+        // [batch, seq, heads, rotary_dim] turned, [batch, seq, heads, head_dim − rotary_dim] kept.
+        let turned = self.rotate(x.clone().narrow(3, 0, rotary_dim), angles);
+        let kept = x.narrow(3, rotary_dim, head_dim - rotary_dim);
+        Tensor::cat(vec![turned, kept], 3)
+    }
+
+    /// Turns every feature of every head of `x` by its position's angles.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, heads, rotary_dim]`
+    /// - output: `[batch, seq, heads, rotary_dim]`
+    fn rotate<B: Backend>(&self, x: Tensor<B, 4>, angles: &Angles<B>) -> Tensor<B, 4> {
+        let [batch, seq, heads, width] = x.dims();
+        let half = width / 2;
         let Angles { cos, sin } = angles.clone();
         match self.layout {
             RopeLayout::Half => {
@@ -286,7 +336,7 @@ impl Rotary {
                     ],
                     4,
                 )
-                .reshape([batch, seq, heads, head_dim])
+                .reshape([batch, seq, heads, width])
             }
         }
     }
@@ -324,6 +374,64 @@ mod tests {
                         "start {start}, element {i}: table {a}, direct {b}"
                     );
                 }
+            }
+        }
+    }
+
+    /// Phi-3's partial rotary frequencies (the spec of issue 27, transformers 5.24
+    /// `Phi3RotaryEmbedding`): `rotary_dim = 4` of `head_dim = 8`, theta 10000 → `[1, 0.01]`,
+    /// the exponent over the rotated width, not the head's.
+    #[test]
+    fn partial_rotary_frequencies_have_the_exponent_over_the_rotated_width() {
+        let config = RopeConfig::new().with_rotary_dim(Some(4));
+        assert_eq!(config.rotary_width(8), 4);
+        assert_eq!(config.inverse_frequencies(8), [1.0, 0.01]);
+        assert_eq!(RopeConfig::new().inverse_frequencies(4), [1.0, 0.01]);
+    }
+
+    /// Partial rotary embeddings leave the features from `rotary_dim` on as they are, and turn the
+    /// first `rotary_dim` exactly as full RoPE turns a head of `rotary_dim` features with the
+    /// same theta, in both layouts, for positions from a start and given per row.
+    #[test]
+    fn partial_rotary_is_full_rope_of_the_first_features() {
+        let device = Default::default();
+        let (batch, seq, heads, head_dim, rotary_dim) = (2, 5, 3, 10, 4);
+        let shape = [batch, seq, heads, head_dim];
+        let values: Vec<f32> = (0..batch * seq * heads * head_dim)
+            .map(|i| (i as f32 * 0.37).sin() * 2.0)
+            .collect();
+        let x = Tensor::<NdArray, 4>::from_data(TensorData::new(values, shape), &device);
+        let given: Vec<i64> = (0..batch * seq).map(|i| (7 * i % 11) as i64).collect();
+        let given = Positions::Given(Tensor::<NdArray, 2, Int>::from_data(
+            TensorData::new(given, [batch, seq]),
+            &device,
+        ));
+        for layout in [RopeLayout::Half, RopeLayout::Interleaved] {
+            let config = RopeConfig::new().with_theta(500.0).with_layout(layout);
+            let partial = Rotary::new(&config.clone().with_rotary_dim(Some(rotary_dim)), head_dim);
+            let full = Rotary::new(&config, rotary_dim);
+            for positions in [Positions::From(3), given.clone()] {
+                let turned = partial.apply(
+                    x.clone(),
+                    &partial.angles(&positions, seq, DType::F32, &device),
+                );
+                let expected = full.apply(
+                    x.clone().narrow(3, 0, rotary_dim),
+                    &full.angles(&positions, seq, DType::F32, &device),
+                );
+                let what = format!("{layout:?}, {positions:?}");
+                assert_eq!(turned.dims(), shape, "{what}");
+                assert_eq!(
+                    turned.clone().narrow(3, 0, rotary_dim).into_data(),
+                    expected.into_data(),
+                    "{what}: the rotated features"
+                );
+                let rest = head_dim - rotary_dim;
+                assert_eq!(
+                    turned.narrow(3, rotary_dim, rest).into_data(),
+                    x.clone().narrow(3, rotary_dim, rest).into_data(),
+                    "{what}: the features passed through"
+                );
             }
         }
     }

@@ -22,6 +22,10 @@
 //!    ndarray and flex; [`Route::Explicit`] under `Autodiff` for the reasons of 1, and of 2 on
 //!    backends other than ndarray and flex.
 //!
+//! On a layer with sinks every [`Route::BurnOp`] of the table is [`Route::Explicit`]: Burn's op
+//! has no sinks. A scale or a soft-cap goes to Burn's op (on wgpu it then takes its `O(T²)`
+//! fallback) and to the kernels.
+//!
 //! [`forward_with`]: crate::MultiHeadAttention::forward_with
 //! [`forward_cached_with`]: crate::MultiHeadAttention::forward_cached_with
 //! [`forward_traced`]: crate::MultiHeadAttention::forward_traced
@@ -53,26 +57,33 @@ pub(crate) enum Call {
 }
 
 /// The route of `path` for a call of kind `call` on backend `B`; `training` says whether
-/// autodiff is on, `dropout_active` whether dropout would apply.
+/// autodiff is on, `dropout_active` whether dropout would apply, `sinks` whether the layer has
+/// sinks.
 pub(crate) fn route<B: Backend>(
     path: AttentionPath,
     call: Call,
     training: bool,
     dropout_active: bool,
+    sinks: bool,
 ) -> Route {
     let backend_kernel = Kernel::of::<B>();
     let kernel = match call {
         Call::Full => backend_kernel,
         Call::Cached => backend_kernel.filter(|_| Kernel::keeps_cache::<B>()),
     };
+    let burn_op = if sinks {
+        Route::Explicit
+    } else {
+        Route::BurnOp
+    };
     match (path, kernel) {
         (AttentionPath::Explicit, _) => Route::Explicit,
         (AttentionPath::Fused, Some(kernel)) => kernel.into(),
-        (AttentionPath::Fused, None) => Route::BurnOp,
+        (AttentionPath::Fused, None) => burn_op,
         (AttentionPath::Auto, _) if training && dropout_active => Route::Explicit,
         (AttentionPath::Auto, Some(kernel)) => kernel.into(),
         (AttentionPath::Auto, None) if training && backend_kernel.is_none() => Route::Explicit,
-        (AttentionPath::Auto, None) => Route::BurnOp,
+        (AttentionPath::Auto, None) => burn_op,
     }
 }
 
@@ -97,35 +108,71 @@ mod tests {
         type Ad = Autodiff<NdArray>;
         type AdBalanced =
             Autodiff<NdArray, burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing>;
-        assert_eq!(route::<NdArray>(Auto, Full, false, false), Route::CpuKernel);
-        assert_eq!(route::<Ad>(Auto, Full, true, false), Route::CpuKernel);
         assert_eq!(
-            route::<AdBalanced>(Auto, Full, true, false),
+            route::<NdArray>(Auto, Full, false, false, false),
             Route::CpuKernel
         );
-        assert_eq!(route::<Ad>(Auto, Full, true, true), Route::Explicit);
-        assert_eq!(route::<Ad>(Fused, Full, true, true), Route::CpuKernel);
         assert_eq!(
-            route::<NdArray>(Explicit, Full, false, false),
+            route::<Ad>(Auto, Full, true, false, false),
+            Route::CpuKernel
+        );
+        assert_eq!(
+            route::<AdBalanced>(Auto, Full, true, false, false),
+            Route::CpuKernel
+        );
+        assert_eq!(route::<Ad>(Auto, Full, true, true, false), Route::Explicit);
+        assert_eq!(
+            route::<Ad>(Fused, Full, true, true, false),
+            Route::CpuKernel
+        );
+        assert_eq!(
+            route::<NdArray>(Explicit, Full, false, false, false),
             Route::Explicit
         );
         assert_eq!(
-            route::<NdArray>(Auto, Cached, false, false),
+            route::<NdArray>(Auto, Cached, false, false, false),
             Route::CpuKernel
         );
         assert_eq!(
-            route::<burn::backend::Flex>(Fused, Cached, false, false),
+            route::<burn::backend::Flex>(Fused, Cached, false, false, false),
             Route::CpuKernel
         );
-        assert_eq!(route::<Ad>(Auto, Cached, true, true), Route::Explicit);
-        assert_eq!(route::<Ad>(Fused, Cached, true, false), Route::BurnOp);
-        assert_eq!(route::<Ad>(Auto, Cached, true, false), Route::BurnOp);
-        type AdWgpu = Autodiff<burn::backend::Wgpu>;
-        assert_eq!(route::<AdWgpu>(Auto, Full, true, false), Route::Explicit);
-        assert_eq!(route::<AdWgpu>(Auto, Cached, true, false), Route::Explicit);
         assert_eq!(
-            route::<burn::backend::Wgpu>(Auto, Full, false, false),
+            route::<Ad>(Auto, Cached, true, true, false),
+            Route::Explicit
+        );
+        assert_eq!(
+            route::<Ad>(Fused, Cached, true, false, false),
             Route::BurnOp
+        );
+        assert_eq!(route::<Ad>(Auto, Cached, true, false, false), Route::BurnOp);
+        type AdWgpu = Autodiff<burn::backend::Wgpu>;
+        assert_eq!(
+            route::<AdWgpu>(Auto, Full, true, false, false),
+            Route::Explicit
+        );
+        assert_eq!(
+            route::<AdWgpu>(Auto, Cached, true, false, false),
+            Route::Explicit
+        );
+        assert_eq!(
+            route::<burn::backend::Wgpu>(Auto, Full, false, false, false),
+            Route::BurnOp
+        );
+        // Sinks: the kernels have them, Burn's op has not.
+        assert_eq!(
+            route::<NdArray>(Fused, Full, false, false, true),
+            Route::CpuKernel
+        );
+        assert_eq!(route::<Ad>(Auto, Full, true, false, true), Route::CpuKernel);
+        type Wgpu = burn::backend::Wgpu;
+        assert_eq!(
+            route::<Wgpu>(Fused, Full, false, false, true),
+            Route::Explicit
+        );
+        assert_eq!(
+            route::<Wgpu>(Auto, Cached, false, false, true),
+            Route::Explicit
         );
     }
 }

@@ -3,8 +3,8 @@
 
 use attention_core::weights::{AttentionParams, StateDict};
 use attention_core::{
-    AttentionInput, MultiHeadAttention, MultiHeadAttentionConfig, RopeConfig, RopeLayout,
-    RopeScaling,
+    AttentionInput, MultiHeadAttention, MultiHeadAttentionConfig, QkNormConfig, QkNormScope,
+    RopeConfig, RopeLayout, RopeScaling,
 };
 use burn::backend::Autodiff;
 use burn::prelude::*;
@@ -12,7 +12,7 @@ use burn::tensor::Int;
 
 use tensor_files::OutputFile;
 
-use crate::cli::{ApplyArgs, PathArg, RopeLayoutArg};
+use crate::cli::{ApplyArgs, PathArg, QkNormArg, RopeLayoutArg};
 use crate::io::{read_tensor, write_tensors};
 use crate::{DemoBackend, DemoError};
 
@@ -83,7 +83,8 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
     write_tensors(&output, tensors)
 }
 
-/// The inferred config with what the flags add (RoPE, a window) and check (heads, head width).
+/// The inferred config with what the flags add (RoPE, partial rotary, a window, the q/k norms'
+/// scope, epsilon and convention) and check (heads, head width).
 fn with_flags(
     config: MultiHeadAttentionConfig,
     args: &ApplyArgs,
@@ -114,14 +115,52 @@ fn with_flags(
                 .with_scaling(match &args.rope_scaling {
                     Some(json) => rope_scaling(json)?,
                     None => RopeScaling::None,
-                }),
+                })
+                .with_rotary_dim(args.rotary_dim),
         ),
     };
+    let qk_norm = qk_norm_of(config.qk_norm.as_ref(), args)?;
     let config = config
         .with_rope(rope)
-        .with_sliding_window(args.sliding_window);
+        .with_sliding_window(args.sliding_window)
+        .with_qk_norm(qk_norm)
+        .with_scale(args.scale)
+        .with_softcap(args.softcap);
     config.validate()?;
     Ok(config)
+}
+
+/// The q/k norms: over the features `--qk-norm` names, else those the weights' shapes gave
+/// (`inferred`), with `--qk-norm-eps` and `--qk-norm-unit-offset`. Whether the weights fit the
+/// scope is checked when they are loaded, naming the key.
+fn qk_norm_of(
+    inferred: Option<&QkNormConfig>,
+    args: &ApplyArgs,
+) -> Result<Option<QkNormConfig>, DemoError> {
+    let scope = match args.qk_norm {
+        Some(QkNormArg::Head) => Some(QkNormScope::Head),
+        Some(QkNormArg::Width) => Some(QkNormScope::Width),
+        None => inferred.map(|norm| norm.scope),
+    };
+    let Some(scope) = scope else {
+        let flags = [
+            ("--qk-norm-eps", args.qk_norm_eps.is_some()),
+            ("--qk-norm-unit-offset", args.qk_norm_unit_offset),
+        ];
+        return match flags.into_iter().find(|&(_, given)| given) {
+            Some((flag, _)) => Err(DemoError(format!(
+                "{flag} needs q/k norms: {} has no q/k norm weights (`q_norm.weight`, \
+                 `k_norm.weight`) and --qk-norm is not given",
+                args.weights.display()
+            ))),
+            None => Ok(None),
+        };
+    };
+    let mut norm = QkNormConfig::new(scope).with_unit_offset(args.qk_norm_unit_offset);
+    if let Some(epsilon) = args.qk_norm_eps {
+        norm = norm.with_epsilon(epsilon);
+    }
+    Ok(Some(norm))
 }
 
 /// `--rope-scaling`'s JSON, as Hugging Face's `rope_scaling` writes it.

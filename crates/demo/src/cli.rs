@@ -81,6 +81,15 @@ pub enum RopeLayoutArg {
     Interleaved,
 }
 
+/// Over which features the q/k norms of `apply` take their mean square.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum QkNormArg {
+    /// Each head's `head_dim` features (Qwen3, Gemma 3).
+    Head,
+    /// The whole projected width, before the head split (OLMo2).
+    Width,
+}
+
 /// `apply` options.
 #[derive(Debug, Args)]
 pub struct ApplyArgs {
@@ -106,9 +115,30 @@ pub struct ApplyArgs {
     /// Which features the rotary embedding pairs.
     #[arg(long, value_enum, default_value_t = RopeLayoutArg::Half, requires = "rope_theta")]
     pub rope_layout: RopeLayoutArg,
+    /// Partial rotary embeddings: only the first N features of each head turn (even, at most
+    /// head_dim; Phi-3's `head_dim · partial_rotary_factor`); default: all of them.
+    #[arg(long, value_name = "N", requires = "rope_theta")]
+    pub rotary_dim: Option<usize>,
+    /// RMSNorms of the queries and keys (`q_norm.weight`, `k_norm.weight` in the weights) over
+    /// each head or the whole projected width; default: what the weights' shapes say (none
+    /// without those keys).
+    #[arg(long, value_enum)]
+    pub qk_norm: Option<QkNormArg>,
+    /// The q/k norms' epsilon (the model's `rms_norm_eps`); default: 1e-6.
+    #[arg(long, value_name = "E")]
+    pub qk_norm_eps: Option<f64>,
+    /// The q/k norms multiply by `1 + w` (Gemma's convention) instead of `w`.
+    #[arg(long)]
+    pub qk_norm_unit_offset: bool,
     /// Keys each query sees at most, its own included.
     #[arg(long)]
     pub sliding_window: Option<usize>,
+    /// Multiplies the scores `q kᵀ` instead of 1/√head_dim (Gemma: `query_pre_attn_scalar^-0.5`).
+    #[arg(long, value_name = "S")]
+    pub scale: Option<f64>,
+    /// Soft-caps the scaled scores, `c · tanh(s / c)` (Gemma 2: `attn_logit_softcapping`).
+    #[arg(long, value_name = "C")]
+    pub softcap: Option<f64>,
     /// Safetensors file with tensor `x` `[batch, seq, input_dim]`, and optionally
     /// `position_ids` `[batch, seq]` (int64): the rotary positions.
     #[arg(long)]

@@ -8,7 +8,7 @@
 use attention_backends::NdArray64;
 use attention_backends::compare::deviation;
 use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
-use attention_core::{MultiHeadAttentionConfig, RopeConfig};
+use attention_core::{MultiHeadAttentionConfig, QkNormConfig, QkNormScope, RopeConfig};
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::Distribution;
@@ -56,7 +56,7 @@ struct Case {
     seq: usize,
 }
 
-fn cases() -> [Case; 3] {
+fn cases() -> [Case; 5] {
     [
         Case {
             name: "qkv_bias on, input_dim 5 -> output_dim 6, 2 heads",
@@ -82,6 +82,40 @@ fn cases() -> [Case; 3] {
             batch: 2,
             seq: 6,
         },
+        Case {
+            name: "Gemma-like with sinks: 4 heads of 4 over 2 kv heads, q/k norms per head \
+                   (1 + w), RoPE on half of each head, scale 0.4, soft-cap 1.5, sinks, window 4",
+            config: MultiHeadAttentionConfig::new(5, 6, 7, 4)
+                .with_num_kv_heads(Some(2))
+                .with_head_dim(Some(4))
+                .with_output_bias(false)
+                .with_qk_norm(Some(
+                    QkNormConfig::new(QkNormScope::Head)
+                        .with_epsilon(1e-3)
+                        .with_unit_offset(true),
+                ))
+                .with_rope(Some(
+                    RopeConfig::new().with_theta(100.0).with_rotary_dim(Some(2)),
+                ))
+                .with_scale(Some(0.4))
+                .with_softcap(Some(1.5))
+                .with_sinks(true)
+                .with_sliding_window(Some(4)),
+            batch: 2,
+            seq: 7,
+        },
+        Case {
+            name: "OLMo2-like: q/k norms over the width (16 and 4 features), 1 kv head, RoPE",
+            config: MultiHeadAttentionConfig::new(5, 6, 5, 4)
+                .with_num_kv_heads(Some(1))
+                .with_head_dim(Some(4))
+                .with_qk_norm(Some(
+                    QkNormConfig::new(QkNormScope::Width).with_epsilon(1e-3),
+                ))
+                .with_rope(Some(RopeConfig::new())),
+            batch: 2,
+            seq: 5,
+        },
     ]
 }
 
@@ -97,9 +131,20 @@ impl Problem {
         let device = Default::default();
         NdArray64::seed(&device, seed);
         let layer = case.config.init::<NdArray64>(&device);
-        let weights = AttentionParams::of(&layer).to_state_dict(WeightsLayout::Chapter);
+        let mut weights = AttentionParams::of(&layer).to_state_dict(WeightsLayout::Chapter);
         let mut rng = StdRng::seed_from_u64(seed);
         let normal = Distribution::Normal(0.0, 1.0);
+        // Norm weights and sinks start at 1 or 0: draw them, so that no gradient is checked at a
+        // point where its terms vanish.
+        for (key, data) in weights.iter_mut() {
+            if key.ends_with("_norm.weight") || key == "sinks" {
+                *data = TensorData::random::<f64, _, _>(
+                    data.shape.clone(),
+                    Distribution::Uniform(0.3, 0.9),
+                    &mut rng,
+                );
+            }
+        }
         let x = TensorData::random::<f64, _, _>(
             [case.batch, case.seq, case.config.input_dim],
             normal,

@@ -160,10 +160,10 @@ pub fn gradcheck_passes(bin: &str) {
         out.lines()
             .last()
             .unwrap()
-            .starts_with("gradcheck PASS: 23 tensors"),
+            .starts_with("gradcheck PASS: 39 tensors"),
         "{out}"
     );
-    assert_eq!(out.matches(" ok\n").count(), 23, "{out}");
+    assert_eq!(out.matches(" ok\n").count(), 39, "{out}");
 }
 
 /// `apply` on GPT-2 weights (safetensors and `.pt`) gives PyTorch's output, weights and gradients.
@@ -242,6 +242,45 @@ pub fn apply_paths_agree_on_every_fixture(bin: &str) {
     }
 }
 
+/// `apply --scale --softcap` on Llama weights: the three paths give one output, and not the one
+/// without the flags.
+pub fn apply_score_flags_agree_on_every_path(bin: &str) {
+    let dir = scratch("apply-score-flags");
+    let file = fixture("hf/llama_s0_b2_t7_d32_h4_kv2.safetensors");
+    let file = file.to_str().unwrap();
+    let run = |path: &str, flags: &[&str]| {
+        let out = dir.join(format!("{path}-{}.safetensors", flags.len()));
+        let mut args = vec![
+            "apply",
+            "--weights",
+            file,
+            "--num-heads",
+            "4",
+            "--input",
+            file,
+        ];
+        args.extend(["--output", out.to_str().unwrap(), "--path", path]);
+        args.extend_from_slice(flags);
+        success(bin, &args);
+        StateDict::load(&out).unwrap().data("y").unwrap().clone()
+    };
+    let flags = [
+        "--rope-theta",
+        "10000",
+        "--scale",
+        "0.6",
+        "--softcap",
+        "0.8",
+    ];
+    let explicit = run("explicit", &flags);
+    for path in ["fused", "cached"] {
+        assert_close(&run(path, &flags), &explicit, 1e-5, 1e-4, path);
+    }
+    let plain = run("explicit", &flags[..2]);
+    let moved = attention_backends::compare::deviation(&plain, &explicit, 0.0, 0.0, 1e-3);
+    assert!(moved.max_abs > 1e-3, "the flags change nothing");
+}
+
 /// Bad `apply` input: exit 2, one `error:` line naming what was wrong, no output file.
 pub fn apply_errors_are_one_line_and_write_nothing(bin: &str) {
     let dir = scratch("apply-errors");
@@ -256,7 +295,7 @@ pub fn apply_errors_are_one_line_and_write_nothing(bin: &str) {
     let bad = path(dir.join("bad.safetensors"));
     std::fs::write(&bad, b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":1}        ").unwrap();
     // (weights, heads, input, extra flags, what the error line names)
-    let cases: [(&str, &str, &str, &[&str], &str); 13] = [
+    let cases: [(&str, &str, &str, &[&str], &str); 15] = [
         (&missing, "4", &gpt2, &[], "No such file"),
         (&gpt2, "4", &missing, &[], "No such file"),
         (&gpt2, "4", &pt, &[], "missing key `x`"),
@@ -311,6 +350,20 @@ pub fn apply_errors_are_one_line_and_write_nothing(bin: &str) {
             &llama,
             &["--sliding-window", "0"],
             "`sliding_window` must be at least 1",
+        ),
+        (
+            &llama,
+            "4",
+            &llama,
+            &["--softcap", "0"],
+            "`softcap` must be finite and positive, got 0",
+        ),
+        (
+            &llama,
+            "4",
+            &llama,
+            &["--scale", "-1"],
+            "`scale` must be finite and positive, got -1",
         ),
     ];
     for (weights, heads, input, extra, needle) in cases {
@@ -424,6 +477,7 @@ macro_rules! cli_tests {
             apply_gpt2_matches_pytorch_with_gradients,
             apply_paths_agree_on_every_fixture,
             apply_errors_are_one_line_and_write_nothing,
+            apply_score_flags_agree_on_every_path,
             apply_hugging_face_layers_match_transformers,
             heatmap_writes_a_png);
     };

@@ -3,6 +3,8 @@
 use burn::prelude::*;
 use burn::tensor::Bool;
 
+use crate::attend::ScoreRule;
+
 /// The inputs of causal attention with the heads still side by side, as the projections made
 /// them.
 ///
@@ -19,4 +21,5 @@ pub(crate) struct KernelInputs<B: Backend> {
     pub kv_heads: usize,
     pub window: Option<usize>,
     pub key_padding: Option<Tensor<B, 2, Bool>>,
+    pub scores: ScoreRule<B>,
 }

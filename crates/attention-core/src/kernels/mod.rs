@@ -22,6 +22,8 @@ use std::ops::Range;
 use burn::prelude::*;
 use burn::tensor::Bool;
 
+use crate::attend::ScoreRule;
+
 // Without a CPU backend feature the list is empty.
 #[cfg_attr(not(any(feature = "ndarray", feature = "flex")), allow(unused))]
 mod backends;
@@ -66,6 +68,7 @@ pub(crate) struct CachedInputs<'a, B: Backend> {
     pub heads: usize,
     pub window: Option<usize>,
     pub key_padding: Option<Tensor<B, 2, Bool>>,
+    pub scores: ScoreRule<B>,
 }
 
 /// Causal attention of new queries over a cache in a kernel's own storage.
@@ -85,6 +88,7 @@ pub(crate) fn cached_attention<B: Backend>(inputs: CachedInputs<'_, B>) -> Tenso
             heads: inputs.heads,
             window: inputs.window,
             key_padding: inputs.key_padding,
+            scores: inputs.scores,
         }),
         KvStorage::Tensors { .. } => {
             unreachable!("a kernel step is appended to the kernel's storage")

@@ -1,5 +1,5 @@
-//! A layer's parameter gradients after `backward`, as [`AttentionParams`] (and so in either
-//! PyTorch layout).
+//! A layer's parameter gradients after `backward`, as [`AttentionParams`] (and so in any
+//! PyTorch layout, the q/k norms' under their weights' names, the sinks' as `sinks`).
 
 use burn::module::Param;
 use burn::nn::Linear;
@@ -8,6 +8,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::{AttentionParams, LinearParams};
 use crate::mha::MultiHeadAttention;
+use crate::qk_norm::QkNorm;
 
 impl<B: AutodiffBackend> AttentionParams<B> {
     /// The gradients of the layer's parameters after `loss.backward()`; a parameter that did not
@@ -28,11 +29,20 @@ impl<B: AutodiffBackend> AttentionParams<B> {
                     .unwrap_or_else(|| bias.val().inner().zeros_like())
             }),
         };
+        let grad_1 = |param: &Param<Tensor<B, 1>>| {
+            param
+                .grad(grads)
+                .unwrap_or_else(|| param.val().inner().zeros_like())
+        };
+        let norm = |norm: &Option<QkNorm<B>>| norm.as_ref().map(|norm| grad_1(&norm.weight));
         AttentionParams {
             query: linear(&layer.query_layer),
             key: linear(&layer.key_layer),
             value: linear(&layer.value_layer),
             output: linear(&layer.output_layer),
+            query_norm: norm(&layer.query_norm),
+            key_norm: norm(&layer.key_norm),
+            sinks: layer.sinks.as_ref().map(grad_1),
         }
     }
 }

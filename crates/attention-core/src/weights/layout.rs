@@ -7,27 +7,41 @@ use burn::prelude::*;
 use super::{StateDict, WeightsError};
 use crate::error::AttentionError;
 use crate::mha::{MultiHeadAttention, MultiHeadAttentionConfig};
+use crate::qk_norm::{QkNorm, QkNormConfig, QkNormScope};
+
+/// The key of the sinks' logits, `[num_heads]`, in every layout that has them (gpt-oss names them
+/// `self_attn.sinks`).
+const SINKS: &str = "sinks";
 
 /// Which PyTorch module the keys come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightsLayout {
-    /// The source chapter's `MultiHeadAttention`: separate `nn.Linear` Q, K, V, output layers.
+    /// The source chapter's `MultiHeadAttention`: separate `nn.Linear` Q, K, V, output layers
+    /// (and this crate's q/k norms as `query_norm.weight`, `key_norm.weight`, the layer's field
+    /// names).
     Chapter,
     /// Hugging Face's `GPT2Attention`: fused `c_attn` and `c_proj`, stored as `Conv1D`.
     Gpt2,
     /// Hugging Face's Llama-family attention (`LlamaAttention`, `Qwen2Attention`,
-    /// `MistralAttention`): separate `nn.Linear` `q_proj`, `k_proj`, `v_proj`, `o_proj`
-    /// (key/value ones with `num_kv_heads` heads).
+    /// `MistralAttention`, `Qwen3Attention`, `Olmo2Attention`, …): separate `nn.Linear` `q_proj`,
+    /// `k_proj`, `v_proj`, `o_proj` (key/value ones with `num_kv_heads` heads), and the q/k
+    /// RMSNorms' `q_norm.weight`, `k_norm.weight` where the family has them.
     Llama,
 }
 
 impl WeightsLayout {
-    /// The key prefixes of the query, key, value and output projections, for the layouts of
-    /// separate `nn.Linear` layers.
-    fn linear_names(self) -> Option<[&'static str; 4]> {
+    /// The key prefixes of the query, key, value and output projections and of the query and key
+    /// norms, for the layouts of separate `nn.Linear` layers.
+    fn linear_names(self) -> Option<([&'static str; 4], [&'static str; 2])> {
         match self {
-            Self::Chapter => Some(["query_layer", "key_layer", "value_layer", "output_layer"]),
-            Self::Llama => Some(["q_proj", "k_proj", "v_proj", "o_proj"]),
+            Self::Chapter => Some((
+                ["query_layer", "key_layer", "value_layer", "output_layer"],
+                ["query_norm", "key_norm"],
+            )),
+            Self::Llama => Some((
+                ["q_proj", "k_proj", "v_proj", "o_proj"],
+                ["q_norm", "k_norm"],
+            )),
             Self::Gpt2 => None,
         }
     }
@@ -53,6 +67,15 @@ impl StateDict {
     /// (query) heads and the context length. Sizes, the head width, the key/value heads and the
     /// biases come from the tensors; dropout is 0; no RoPE and no window (a state dict does not
     /// record them either: set them on the returned config).
+    ///
+    /// Query and key norm weights (`q_norm.weight` and `k_norm.weight` in the Llama layout) give
+    /// [`qk_norm`](MultiHeadAttentionConfig::qk_norm): per head
+    /// ([`QkNormScope::Head`], Qwen3, Gemma 3) when the query norm has `head_dim` weights, over
+    /// the projected width ([`QkNormScope::Width`], OLMo2) when it has `num_heads · head_dim`
+    /// (with one head the two are the same computation, and `Head` is taken). A state dict does
+    /// not record the norms' epsilon or convention either: the config has the default epsilon
+    /// (`1e-6`) and `w` (not `1 + w`); set the model's `rms_norm_eps`, and Gemma's
+    /// [`unit_offset`](QkNormConfig::unit_offset), on it.
     ///
     /// The projections' shapes are checked against each other first, so that a file whose
     /// weights are transposed or mixed up is reported by key and shape.
@@ -88,7 +111,7 @@ impl StateDict {
         };
         let layout = self.layout()?;
         let config = match layout.linear_names() {
-            Some([query, key, value, output]) => {
+            Some(([query, key, value, output], norms)) => {
                 let weight = |name: &str| format!("{name}.weight");
                 let (query_width, input_dim) = matrix(&weight(query))?;
                 let hint = format!(
@@ -130,6 +153,8 @@ impl StateDict {
                 if query_width != output_dim {
                     config.head_dim = Some(head_dim);
                 }
+                config.qk_norm = self.infer_qk_norm(norms, head_dim, [query_width, kv_width])?;
+                config.sinks = self.contains(SINKS);
                 config
             }
             None => {
@@ -157,16 +182,66 @@ impl StateDict {
     ) -> Result<MultiHeadAttention<B>, WeightsError> {
         let layout = self.layout()?;
         let params = match layout.linear_names() {
-            Some(names) => self.linear_params(names, config, device)?,
+            Some((names, norms)) => self.linear_params(names, norms, config, device)?,
             None => self.gpt2_params(config, device)?,
         };
         params.into_layer(config)
     }
 
-    /// The projections of a layout of separate `nn.Linear` layers named `names`.
+    /// The q/k norms of weights whose norm keys are `{query}.weight` and `{key}.weight`, if they
+    /// have them: their scope from the query norm's length, checked against the key norm's.
+    fn infer_qk_norm(
+        &self,
+        [query, key]: [&str; 2],
+        head_dim: usize,
+        [query_width, kv_width]: [usize; 2],
+    ) -> Result<Option<QkNormConfig>, WeightsError> {
+        let [query, key] = [query, key].map(|name| format!("{name}.weight"));
+        let (query_shape, key_shape) = match (self.shape(&query), self.shape(&key)) {
+            (None, None) => return Ok(None),
+            (Some(_), None) => return Err(WeightsError::MissingKey { key }),
+            (None, Some(_)) => return Err(WeightsError::MissingKey { key: query }),
+            (Some(query_shape), Some(key_shape)) => (query_shape, key_shape),
+        };
+        let scope = match *query_shape {
+            [width] if width == head_dim => QkNormScope::Head,
+            [width] if width == query_width => QkNormScope::Width,
+            _ => {
+                return Err(WeightsError::Shape {
+                    key: query,
+                    expected: vec![head_dim],
+                    found: query_shape.to_vec(),
+                    hint: format!(
+                        " (a norm per head has head_dim = {head_dim} weights, one over the \
+                         projected width num_heads · head_dim = {query_width})"
+                    ),
+                });
+            }
+        };
+        let key_width = match scope {
+            QkNormScope::Head => head_dim,
+            QkNormScope::Width => kv_width,
+        };
+        if key_shape != [key_width] {
+            return Err(WeightsError::Shape {
+                key,
+                expected: vec![key_width],
+                found: key_shape.to_vec(),
+                hint: format!(
+                    " (the query norm's {} weights make it a {scope:?} norm)",
+                    query_shape[0]
+                ),
+            });
+        }
+        Ok(Some(QkNormConfig::new(scope)))
+    }
+
+    /// The projections (and q/k norms) of a layout of separate `nn.Linear` layers named `names`,
+    /// with norms named `norms`.
     fn linear_params<B: Backend>(
         &self,
         [query, key, value, output]: [&str; 4],
+        [query_norm, key_norm]: [&str; 2],
         config: &MultiHeadAttentionConfig,
         device: &B::Device,
     ) -> Result<AttentionParams<B>, WeightsError> {
@@ -191,6 +266,32 @@ impl StateDict {
             };
             Ok(LinearParams { weight, bias })
         };
+        // A norm's weight: required with `qk_norm`, refused without it.
+        let norm = |name: &str, width: usize| -> Result<Option<Tensor<B, 1>>, WeightsError> {
+            let key = format!("{name}.weight");
+            match &config.qk_norm {
+                Some(_) => Ok(Some(self.tensor_shaped::<B, 1>(&key, [width], device)?)),
+                None if self.contains(&key) => Err(WeightsError::UnexpectedKey {
+                    key,
+                    reason: "the config has no qk_norm".into(),
+                }),
+                None => Ok(None),
+            }
+        };
+        let sinks = match (config.sinks, self.contains(SINKS)) {
+            (true, _) => Some(self.tensor_shaped::<B, 1>(SINKS, [config.num_heads], device)?),
+            (false, false) => None,
+            (false, true) => {
+                return Err(WeightsError::UnexpectedKey {
+                    key: SINKS.into(),
+                    reason: "the config has sinks = false".into(),
+                });
+            }
+        };
+        let (query_norm_width, key_norm_width) = match config.qk_norm.as_ref().map(|n| n.scope) {
+            Some(QkNormScope::Width) => (query_width, kv_width),
+            _ => (config.head_dim(), config.head_dim()),
+        };
         Ok(AttentionParams {
             query: linear(query, [query_width, input], config.qkv_bias, "qkv_bias")?,
             key: linear(key, [kv_width, input], config.qkv_bias, "qkv_bias")?,
@@ -201,6 +302,9 @@ impl StateDict {
                 config.output_bias,
                 "output_bias",
             )?,
+            query_norm: norm(query_norm, query_norm_width)?,
+            key_norm: norm(key_norm, key_norm_width)?,
+            sinks,
         })
     }
 
@@ -212,14 +316,16 @@ impl StateDict {
         let width = config.output_dim;
         let plain = config.num_kv_heads() == config.num_heads
             && config.head_dim() * config.num_heads == width
-            && config.output_bias;
+            && config.output_bias
+            && config.qk_norm.is_none()
+            && !config.sinks;
         if config.input_dim != width || !config.qkv_bias || !plain {
             return Err(WeightsError::UnexpectedKey {
                 key: "c_attn.weight".into(),
                 reason: format!(
-                    "GPT-2 attention needs input_dim = output_dim, qkv_bias, output_bias and \
-                     plain heads, the config has input_dim = {}, output_dim = {width}, \
-                     qkv_bias = {}, {config:?}",
+                    "GPT-2 attention needs input_dim = output_dim, qkv_bias, output_bias, \
+                     plain heads, no q/k norms and no sinks, the config has input_dim = {}, \
+                     output_dim = {width}, qkv_bias = {}, {config:?}",
                     config.input_dim, config.qkv_bias
                 ),
             });
@@ -239,6 +345,9 @@ impl StateDict {
                 weight: self.tensor_shaped("c_proj.weight", [width, width], device)?,
                 bias: Some(self.tensor_shaped("c_proj.bias", [width], device)?),
             },
+            query_norm: None,
+            key_norm: None,
+            sinks: None,
         })
     }
 }
@@ -252,8 +361,9 @@ pub struct LinearParams<B: Backend> {
     pub bias: Option<Tensor<B, 1>>,
 }
 
-/// The four projections' parameters — or their gradients — in Burn's layout, the bridge between a
-/// [`MultiHeadAttention`] and a PyTorch state dict in either [`WeightsLayout`].
+/// The four projections' parameters and the q/k norms' weights — or their gradients — in Burn's
+/// layout, the bridge between a [`MultiHeadAttention`] and a PyTorch state dict in any
+/// [`WeightsLayout`].
 #[derive(Debug, Clone)]
 pub struct AttentionParams<B: Backend> {
     /// `query_layer`
@@ -264,6 +374,14 @@ pub struct AttentionParams<B: Backend> {
     pub value: LinearParams<B>,
     /// `output_layer`
     pub output: LinearParams<B>,
+    /// `query_norm`'s weight, if the layer has q/k norms: `[head_dim]` or
+    /// `[num_heads · head_dim]`.
+    pub query_norm: Option<Tensor<B, 1>>,
+    /// `key_norm`'s weight, if the layer has q/k norms: `[head_dim]` or
+    /// `[num_kv_heads · head_dim]`.
+    pub key_norm: Option<Tensor<B, 1>>,
+    /// The sinks' logits, if the layer has sinks: `[num_heads]`.
+    pub sinks: Option<Tensor<B, 1>>,
 }
 
 impl<B: Backend> AttentionParams<B> {
@@ -273,15 +391,20 @@ impl<B: Backend> AttentionParams<B> {
             weight: layer.weight.val(),
             bias: layer.bias.as_ref().map(Param::val),
         };
+        let norm = |norm: &Option<QkNorm<B>>| norm.as_ref().map(|norm| norm.weight.val());
         Self {
             query: linear(&layer.query_layer),
             key: linear(&layer.key_layer),
             value: linear(&layer.value_layer),
             output: linear(&layer.output_layer),
+            query_norm: norm(&layer.query_norm),
+            key_norm: norm(&layer.key_norm),
+            sinks: layer.sinks.as_ref().map(Param::val),
         }
     }
 
-    /// A layer with these parameters, after checking that they fit `config`.
+    /// A layer with these parameters, after checking that they fit `config` (the q/k norms'
+    /// weights: present with the config's `qk_norm` and of its width, absent without).
     pub fn into_layer(
         self,
         config: &MultiHeadAttentionConfig,
@@ -296,13 +419,35 @@ impl<B: Backend> AttentionParams<B> {
         assign(&mut layer.key_layer, self.key);
         assign(&mut layer.value_layer, self.value);
         assign(&mut layer.output_layer, self.output);
+        assign_norm(&mut layer.query_norm, self.query_norm, "query_norm")?;
+        assign_norm(&mut layer.key_norm, self.key_norm, "key_norm")?;
+        match (&mut layer.sinks, self.sinks) {
+            (Some(target), Some(sinks)) => {
+                let [heads] = sinks.dims();
+                if heads != config.num_heads {
+                    return Err(WeightsError::shape(SINKS, &[config.num_heads], &[heads]));
+                }
+                *target = Param::from_tensor(sinks);
+            }
+            (None, None) => {}
+            (Some(_), None) => return Err(WeightsError::MissingKey { key: SINKS.into() }),
+            (None, Some(_)) => {
+                return Err(WeightsError::UnexpectedKey {
+                    key: SINKS.into(),
+                    reason: "the config has sinks = false".into(),
+                });
+            }
+        }
         Ok(layer)
     }
 
-    /// The state dict of these parameters in `layout`, named and shaped as PyTorch writes them.
+    /// The state dict of these parameters in `layout`, named and shaped as PyTorch writes them;
+    /// the q/k norms' weights as `q_norm.weight` and `k_norm.weight` in the Llama layout
+    /// (`query_norm.weight`, `key_norm.weight` in the chapter's), the sinks as `sinks`.
     ///
     /// In GPT-2's layout, a layer without QKV bias is written with a zero `c_attn.bias` (the same
-    /// function); GPT-2's layout needs `input_dim = output_dim`.
+    /// function); GPT-2's layout needs `input_dim = output_dim` and has no place for q/k norms
+    /// (their weights are left out).
     pub fn to_state_dict(&self, layout: WeightsLayout) -> Vec<(String, TensorData)> {
         let bias_or_zeros = |linear: &LinearParams<B>| {
             linear.bias.clone().unwrap_or_else(|| {
@@ -310,7 +455,7 @@ impl<B: Backend> AttentionParams<B> {
             })
         };
         match layout.linear_names() {
-            Some([query, key, value, output]) => {
+            Some(([query, key, value, output], [query_norm, key_norm])) => {
                 let mut dict = Vec::new();
                 for (name, linear) in [
                     (query, &self.query),
@@ -323,6 +468,14 @@ impl<B: Backend> AttentionParams<B> {
                     if let Some(bias) = &linear.bias {
                         dict.push((format!("{name}.bias"), bias.to_data()));
                     }
+                }
+                for (name, norm) in [(query_norm, &self.query_norm), (key_norm, &self.key_norm)] {
+                    if let Some(weight) = norm {
+                        dict.push((format!("{name}.weight"), weight.to_data()));
+                    }
+                }
+                if let Some(sinks) = &self.sinks {
+                    dict.push((SINKS.into(), sinks.to_data()));
                 }
                 dict
             }
@@ -341,6 +494,33 @@ impl<B: Backend> AttentionParams<B> {
                 ]
             }
         }
+    }
+}
+
+/// Puts the loaded `weight` into a layer's q/k norm `target` (made by the config, so present iff
+/// the config has `qk_norm`), checking that one comes with the other and its width.
+fn assign_norm<B: Backend>(
+    target: &mut Option<QkNorm<B>>,
+    weight: Option<Tensor<B, 1>>,
+    name: &str,
+) -> Result<(), WeightsError> {
+    match (target, weight) {
+        (Some(norm), Some(weight)) => {
+            let [width] = weight.dims();
+            if width != norm.width() {
+                return Err(WeightsError::shape(name, &[norm.width()], &[width]));
+            }
+            norm.weight = Param::from_tensor(weight);
+            Ok(())
+        }
+        (None, None) => Ok(()),
+        (Some(_), None) => Err(WeightsError::MissingKey {
+            key: name.to_string(),
+        }),
+        (None, Some(_)) => Err(WeightsError::UnexpectedKey {
+            key: name.to_string(),
+            reason: "the config has no qk_norm".into(),
+        }),
     }
 }
 

@@ -1,17 +1,18 @@
 //! PyTorch weights in and out: `.safetensors` files and `torch.save(state_dict)` `.pt` files,
-//! in the source chapter's layout or Hugging Face GPT-2's.
+//! in the source chapter's layout, Hugging Face GPT-2's or Hugging Face Llama's.
 //!
 //! | layout | keys | weight storage |
 //! |---|---|---|
-//! | [`WeightsLayout::Chapter`] | `query_layer.weight` `[O, I]`, `query_layer.bias` `[O]` (iff `qkv_bias`), the same for `key_layer`, `value_layer`, `output_layer` (bias always), a `mask` buffer `[C, C]` (ignored) | `nn.Linear`: `[out, in]` |
+//! | [`WeightsLayout::Chapter`] | `query_layer.weight` `[O, I]`, `query_layer.bias` `[O]` (iff `qkv_bias`), the same for `key_layer`, `value_layer`, `output_layer` (bias always), a `mask` buffer `[C, C]` (ignored); `query_norm.weight`, `key_norm.weight` (iff `qk_norm`); `sinks` `[H]` (iff `sinks`) | `nn.Linear`: `[out, in]` |
 //! | [`WeightsLayout::Gpt2`] | `c_attn.weight` `[d, 3d]`, `c_attn.bias` `[3d]` (Q, K, V column blocks), `c_proj.weight` `[d, d]`, `c_proj.bias` `[d]` | `Conv1D`: `[in, out]` |
+//! | [`WeightsLayout::Llama`] | `q_proj.weight` `[H·hd, I]`, `k_proj.weight` and `v_proj.weight` `[KV·hd, I]`, `o_proj.weight` `[O, H·hd]`, biases iff `qkv_bias` / `output_bias`; `q_norm.weight` and `k_norm.weight` (iff `qk_norm`): `[hd]` per head, or `[H·hd]` and `[KV·hd]` over the width; `sinks` `[H]` (iff `sinks`, gpt-oss) | `nn.Linear`: `[out, in]` |
 //!
 //! Files are read by [`tensor_files`], which treats them as hostile input: strided `.pt` views
 //! load with their true values, and every declared size is checked against the file before
 //! anything is allocated.
 //!
 //! - `mod.rs`: [`StateDict`], named tensors read from a file, and [`WeightsError`].
-//! - `layout.rs`: the two layouts mapped to and from a layer ([`AttentionParams`]).
+//! - `layout.rs`: the layouts mapped to and from a layer ([`AttentionParams`]).
 //! - `grads.rs`: a layer's parameter gradients after `backward`, in the same layouts.
 //!
 //! ```no_run

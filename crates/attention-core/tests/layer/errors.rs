@@ -3,7 +3,10 @@
 
 use attention_backends::{NdArray as B, fixture};
 use attention_core::weights::{StateDict, WeightsError};
-use attention_core::{AttentionError, AttentionInput, AttentionPath, MultiHeadAttentionConfig};
+use attention_core::{
+    AttentionError, AttentionInput, AttentionPath, MultiHeadAttentionConfig, QkNormConfig,
+    QkNormScope, RopeConfig,
+};
 use burn::prelude::*;
 use burn::tensor::Bool;
 use tensor_files::FileError;
@@ -47,6 +50,202 @@ fn config_errors() {
             .with_dropout(0.99)
             .try_init::<B>(&device())
             .is_ok()
+    );
+}
+
+#[test]
+fn scale_and_softcap_must_be_finite_and_positive() {
+    let err = |c: MultiHeadAttentionConfig| c.try_init::<B>(&device()).unwrap_err();
+    let base = || MultiHeadAttentionConfig::new(8, 8, 16, 2);
+    for value in [0.0, -0.5, f64::INFINITY] {
+        assert_eq!(
+            err(base().with_scale(Some(value))),
+            AttentionError::ScoreParameter {
+                name: "scale",
+                value
+            }
+        );
+        assert_eq!(
+            err(base().with_softcap(Some(value))),
+            AttentionError::ScoreParameter {
+                name: "softcap",
+                value
+            }
+        );
+    }
+    let nan = err(base().with_softcap(Some(f64::NAN)));
+    assert!(
+        matches!(nan, AttentionError::ScoreParameter { name: "softcap", value } if value.is_nan()),
+        "{nan}"
+    );
+    assert_eq!(
+        err(base().with_scale(Some(-1.0))).to_string(),
+        "`scale` must be finite and positive, got -1"
+    );
+    let fine = base()
+        .with_scale(Some(0.1))
+        .with_softcap(Some(50.0))
+        .with_sinks(true);
+    assert_eq!(
+        fine.try_init::<B>(&device()).unwrap().sinks.unwrap().dims(),
+        [2]
+    );
+}
+
+#[test]
+fn qk_norm_and_partial_rotary_config_errors() {
+    let err = |c: MultiHeadAttentionConfig| c.try_init::<B>(&device()).unwrap_err();
+    // 2 heads of 4 features.
+    let base = || MultiHeadAttentionConfig::new(8, 8, 16, 2);
+    let qk_norm = |epsilon: f64| {
+        base().with_qk_norm(Some(
+            QkNormConfig::new(QkNormScope::Head).with_epsilon(epsilon),
+        ))
+    };
+    for epsilon in [0.0, -1e-6, f64::INFINITY] {
+        assert_eq!(
+            err(qk_norm(epsilon)),
+            AttentionError::QkNormEpsilon(epsilon)
+        );
+    }
+    let nan = err(qk_norm(f64::NAN));
+    assert!(
+        matches!(nan, AttentionError::QkNormEpsilon(e) if e.is_nan()),
+        "{nan}"
+    );
+    assert_eq!(
+        err(qk_norm(0.0)).to_string(),
+        "q/k norm `epsilon` must be finite and positive, got 0"
+    );
+    assert!(qk_norm(1e-5).try_init::<B>(&device()).is_ok());
+
+    let rotary = |rotary_dim: usize| {
+        base().with_rope(Some(RopeConfig::new().with_rotary_dim(Some(rotary_dim))))
+    };
+    assert_eq!(err(rotary(3)), AttentionError::RopeOddRotaryDim(3));
+    assert_eq!(
+        err(rotary(6)),
+        AttentionError::RopeRotaryDimTooLarge {
+            rotary_dim: 6,
+            head_dim: 4
+        }
+    );
+    assert_eq!(
+        err(rotary(6)).to_string(),
+        "rotary_dim (6) must be at most head_dim (4)"
+    );
+    assert_eq!(
+        err(rotary(0)),
+        AttentionError::ZeroSize { name: "rotary_dim" }
+    );
+    for rotary_dim in [2, 4] {
+        assert!(rotary(rotary_dim).try_init::<B>(&device()).is_ok());
+    }
+    // Heads of 5 features: full RoPE needs an even width, a partial one only an even rotated
+    // part.
+    let odd = || MultiHeadAttentionConfig::new(8, 10, 16, 2);
+    assert_eq!(
+        err(odd().with_rope(Some(RopeConfig::new()))),
+        AttentionError::RopeOddHeadDim(5)
+    );
+    let partial = RopeConfig::new().with_rotary_dim(Some(4));
+    assert!(
+        odd()
+            .with_rope(Some(partial))
+            .try_init::<B>(&device())
+            .is_ok()
+    );
+}
+
+/// A Llama-layout state dict of 2 heads of 4 features over 1 key/value head (q_proj `[8, 8]`,
+/// k_proj and v_proj `[4, 8]`), with q/k norm weights of the given lengths.
+fn llama_with_norms(norms: &[(&str, usize)]) -> StateDict {
+    let projections = [
+        ("q_proj.weight", [8, 8]),
+        ("k_proj.weight", [4, 8]),
+        ("v_proj.weight", [4, 8]),
+        ("o_proj.weight", [8, 8]),
+    ];
+    StateDict::from_tensors(
+        projections
+            .into_iter()
+            .map(|(key, shape)| (key.to_string(), TensorData::zeros::<f32, _>(shape)))
+            .chain(
+                norms
+                    .iter()
+                    .map(|&(key, len)| (key.to_string(), TensorData::ones::<f32, _>([len]))),
+            ),
+    )
+}
+
+#[test]
+fn qk_norm_weight_errors_name_the_key() {
+    // The norms' lengths say their scope: head_dim per head, the projected width over it.
+    for (norms, scope) in [([4, 4], QkNormScope::Head), ([8, 4], QkNormScope::Width)] {
+        let dict = llama_with_norms(&[("q_norm.weight", norms[0]), ("k_norm.weight", norms[1])]);
+        let config = dict.infer_config(2, 8).unwrap();
+        assert_eq!(config.qk_norm, Some(QkNormConfig::new(scope)));
+        let layer = dict.to_layer::<B>(&config, &device()).unwrap();
+        assert_eq!(layer.query_norm.as_ref().unwrap().width(), norms[0]);
+        assert_eq!(layer.key_norm.as_ref().unwrap().width(), norms[1]);
+
+        // Present without qk_norm, or a config of the other scope.
+        let e = dict
+            .to_layer::<B>(&config.clone().with_qk_norm(None), &device())
+            .unwrap_err();
+        assert!(
+            matches!(&e, WeightsError::UnexpectedKey { key, .. } if key == "q_norm.weight"),
+            "{e}"
+        );
+        let other = match scope {
+            QkNormScope::Head => QkNormScope::Width,
+            QkNormScope::Width => QkNormScope::Head,
+        };
+        let e = dict
+            .to_layer::<B>(
+                &config.with_qk_norm(Some(QkNormConfig::new(other))),
+                &device(),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&e, WeightsError::Shape { key, .. } if key == "q_norm.weight"),
+            "{e}"
+        );
+    }
+
+    // Missing with qk_norm.
+    let plain = llama_with_norms(&[]);
+    let config = plain
+        .infer_config(2, 8)
+        .unwrap()
+        .with_qk_norm(Some(QkNormConfig::new(QkNormScope::Head)));
+    let e = plain.to_layer::<B>(&config, &device()).unwrap_err();
+    assert!(
+        matches!(&e, WeightsError::MissingKey { key } if key == "q_norm.weight"),
+        "{e}"
+    );
+
+    // One norm without the other, a key norm of the query's width, a length of neither scope.
+    let e = llama_with_norms(&[("q_norm.weight", 4)])
+        .infer_config(2, 8)
+        .unwrap_err();
+    assert!(
+        matches!(&e, WeightsError::MissingKey { key } if key == "k_norm.weight"),
+        "{e}"
+    );
+    let e = llama_with_norms(&[("q_norm.weight", 8), ("k_norm.weight", 8)])
+        .infer_config(2, 8)
+        .unwrap_err();
+    assert!(
+        matches!(&e, WeightsError::Shape { key, expected, found, .. } if key == "k_norm.weight" && expected == &[4] && found == &[8]),
+        "{e}"
+    );
+    let e = llama_with_norms(&[("q_norm.weight", 5), ("k_norm.weight", 4)])
+        .infer_config(2, 8)
+        .unwrap_err();
+    assert!(
+        matches!(&e, WeightsError::Shape { key, .. } if key == "q_norm.weight"),
+        "{e}"
     );
 }
 

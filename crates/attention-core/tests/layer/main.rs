@@ -8,6 +8,8 @@
 //! - `modern`: grouped heads, rotary positions and windows against equivalent layers.
 //! - `paths`: explicit == fused == cached, padding, masks.
 //! - `properties`: causality, distributions, determinism, dropout.
+//! - `variants`: q/k norms (per head, over the width, `1 + w`) and partial rotary embeddings, on
+//!   every path, alone and combined.
 //! - `errors`: bad input is an error value naming what was wrong.
 
 mod common;
@@ -18,3 +20,4 @@ mod modern;
 mod parity;
 mod paths;
 mod properties;
+mod variants;

@@ -131,14 +131,6 @@ impl Dims {
         })
     }
 
-    /// `1 / √head_dim`, the scores' scale.
-    fn scale<E: KernelFloat>(&self) -> E {
-        E::from(self.head_dim)
-            .expect("a small integer")
-            .sqrt()
-            .recip()
-    }
-
     /// Copies the query heads that read key/value head `kv_head` (its group), at query
     /// positions `positions` of sequence `batch`, out of a `[batch, queries, heads, head_dim]`
     /// tensor into `stacked`, position-major: row `t · group + m` is the group's `m`-th head at
@@ -180,13 +172,40 @@ impl Dims {
     }
 }
 
+/// How a head's scores are made from `q · k`, and what joins their softmax besides the keys.
+///
+/// `s = scale · q · k`, then `c · tanh(s / c)` with a soft-cap `c` (Gemma 2), then the mask; the
+/// softmax's denominator is `Σ exp(s) + exp(sink)` with a sink (gpt-oss, StreamingLLM): the sink
+/// takes a share of the weight and contributes no value.
+#[derive(Debug, Clone, Copy)]
+pub struct Scoring<'a, E> {
+    /// Multiplies `q · k`.
+    pub scale: E,
+    /// The soft-cap `c > 0` of the scaled scores, if any.
+    pub softcap: Option<E>,
+    /// One logit per query head: `[heads]`.
+    pub sinks: Option<&'a [E]>,
+}
+
+impl<E: KernelFloat> Scoring<'_, E> {
+    /// `1 / √head_dim`, no soft-cap, no sinks: the chapter's attention.
+    pub fn plain(head_dim: usize) -> Self {
+        Self {
+            scale: E::from(head_dim).expect("a small integer").sqrt().recip(),
+            softcap: None,
+            sinks: None,
+        }
+    }
+}
+
 /// What the forward pass returns.
 #[derive(Debug, Clone)]
 pub struct Forward<E> {
     /// `[batch, queries, heads, head_dim]`
     pub output: Vec<E>,
-    /// `log Σ exp(scores)` per query and head, `-inf` where every key is masked:
-    /// `[batch, queries, heads]`. The backward pass rebuilds the weights from it.
+    /// `log Σ exp(scores)` per query and head (the sink's term included), `-inf` where every
+    /// key is masked and there is no sink: `[batch, queries, heads]`. The backward pass rebuilds
+    /// the weights from it.
     pub log_sum_exp: Vec<E>,
 }
 
@@ -199,6 +218,8 @@ pub struct Gradients<E> {
     pub key: Vec<E>,
     /// `[batch, keys, kv_heads, head_dim]`
     pub value: Vec<E>,
+    /// The sinks' gradient, if the call has sinks: `[heads]`.
+    pub sinks: Option<Vec<E>>,
 }
 
 /// Where each sequence's keys (and values) lie in the key and value buffers: rows
@@ -243,6 +264,8 @@ pub struct Inputs<'a, E> {
     pub key_rows: KeyRows,
     /// Keys never attended to.
     pub key_padding: Option<&'a [bool]>,
+    /// Scale, soft-cap and sinks.
+    pub scoring: Scoring<'a, E>,
 }
 
 impl<'a, E: KernelFloat> Inputs<'a, E> {
@@ -260,7 +283,13 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
             value,
             key_rows: KeyRows::packed(&dims),
             key_padding,
+            scoring: Scoring::plain(dims.head_dim),
         }
+    }
+
+    /// These inputs with `scoring` instead of the chapter's.
+    pub fn with_scoring(self, scoring: Scoring<'a, E>) -> Self {
+        Self { scoring, ..self }
     }
 
     /// Checks that every buffer has the length its shape says.
@@ -299,6 +328,9 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
                 "padding for {dims:?}"
             );
         }
+        if let Some(sinks) = self.scoring.sinks {
+            assert_eq!(sinks.len(), dims.heads, "sinks for {dims:?}");
+        }
     }
 
     /// The `[keys, head_dim]` view of key/value head `kv_head` of sequence `batch` in `data`
@@ -311,9 +343,9 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
         ArrayView2::from_shape(shape, &data[start..]).expect("the buffer holds the tensor")
     }
 
-    /// `scale · q kᵀ` for a block of stacked query rows and key columns `cols` of one
-    /// key/value head, with masked entries (above the diagonal, before the window, or padding)
-    /// set to `-inf`.
+    /// `scale · q kᵀ` (soft-capped, with a soft-cap) for a block of stacked query rows and key
+    /// columns `cols` of one key/value head, with masked entries (above the diagonal, before the
+    /// window, or padding) set to `-inf`.
     ///
     /// The query rows are a group's heads stacked position-major (see [`Dims::gather_group`]):
     /// row `r` is query position `first_row + r / group`.
@@ -332,7 +364,11 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
     ) {
         let dims = self.dims;
         let key_block = key.slice_axis(Axis(0), Slice::from(cols.clone()));
-        mat_mul(dims.scale(), query, &key_block.t(), E::zero(), scores);
+        mat_mul(self.scoring.scale, query, &key_block.t(), E::zero(), scores);
+        if let Some(cap) = self.scoring.softcap {
+            let inverse = cap.recip();
+            scores.mapv_inplace(|s| cap * (s * inverse).tanh());
+        }
         let padding = self
             .key_padding
             .map(|padding| &padding[batch * dims.keys + cols.start..batch * dims.keys + cols.end]);
@@ -359,8 +395,9 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
     }
 }
 
-/// Causal attention, `softmax(q kᵀ / √head_dim) v` per head, with the mask described on [`Dims`]
-/// and the key padding. A query whose keys are all masked gets a zero output.
+/// Causal attention, `softmax(q kᵀ / √head_dim) v` per head (or as [`Inputs::scoring`] says),
+/// with the mask described on [`Dims`] and the key padding. A query whose keys are all masked
+/// gets a zero output.
 pub fn forward<E: KernelFloat>(inputs: Inputs<E>) -> Forward<E> {
     inputs.check();
     let dims = inputs.dims;
@@ -533,12 +570,19 @@ fn forward_block<E: KernelFloat>(
             // part: index `r` of the group's stretch of the part's `[positions, heads]`.
             let local = part.start - first_query;
             for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
-                if row_sum[r] > E::zero() {
-                    let inverse = row_sum[r].recip();
-                    out_row.mapv_inplace(|o| o * inverse);
-                    let (position, member) = (local + r / group, r % group);
-                    log_sum_exp[position * dims.heads + first_head + member] =
-                        row_max[r] + row_sum[r].ln();
+                let (position, head) = (local + r / group, first_head + r % group);
+                let sink = inputs.scoring.sinks.map(|sinks| sinks[head]);
+                // The denominator, shifted by `max`, and the factor that moves the row's sum
+                // (and output) from its own shift `row_max` to `max`.
+                let (max, shift) = match sink {
+                    Some(sink) if sink > row_max[r] => (sink, (row_max[r] - sink).exp()),
+                    _ => (row_max[r], E::one()),
+                };
+                let sum = row_sum[r] * shift + sink.map_or(E::zero(), |sink| (sink - max).exp());
+                if sum > E::zero() {
+                    let factor = shift / sum;
+                    out_row.mapv_inplace(|o| o * factor);
+                    log_sum_exp[position * dims.heads + head] = max + sum.ln();
                 }
             }
             let out = out.as_slice().expect("the rows are row-major");
@@ -612,6 +656,10 @@ fn backward_in_splits<E: KernelFloat>(
         query: vec![E::zero(); dims.query_len()],
         key: vec![E::zero(); dims.key_len()],
         value: vec![E::zero(); dims.key_len()],
+        sinks: inputs
+            .scoring
+            .sinks
+            .map(|sinks| sink_gradients(&dims, sinks, forward, output_grad)),
     };
     let mut tasks = per_task.into_iter();
     for pair in 0..dims.batch * dims.kv_heads {
@@ -642,6 +690,34 @@ fn backward_in_splits<E: KernelFloat>(
                 .expect("the buffer holds the tensor")
                 .assign(&grad);
         }
+    }
+    gradients
+}
+
+/// The gradient of each head's sink: `−Σ exp(sink − log Σ exp) · rowsum(dO ⊙ O)` over that
+/// head's rows (the sink is a key whose value is zero).
+///
+/// # Shapes
+/// - `sinks`, output: `[heads]`
+fn sink_gradients<E: KernelFloat>(
+    dims: &Dims,
+    sinks: &[E],
+    forward: &Forward<E>,
+    output_grad: &[E],
+) -> Vec<E> {
+    let mut gradients = vec![E::zero(); dims.heads];
+    let rows = forward
+        .output
+        .chunks(dims.head_dim)
+        .zip(output_grad.chunks(dims.head_dim))
+        .zip(&forward.log_sum_exp);
+    for (row, ((output, output_grad), &log_sum_exp)) in rows.enumerate() {
+        let head = row % dims.heads;
+        let dot = output
+            .iter()
+            .zip(output_grad)
+            .fold(E::zero(), |sum, (&o, &g)| sum + o * g);
+        gradients[head] = gradients[head] - (sinks[head] - log_sum_exp).exp() * dot;
     }
     gradients
 }
@@ -716,6 +792,9 @@ fn backward_group<E: KernelFloat>(
     let positions = dims.positions_per_product();
     let mut weights_buffer = vec![E::zero(); positions * group * KEY_BLOCK];
     let mut score_grad_buffer = vec![E::zero(); positions * group * KEY_BLOCK];
+    // With a soft-cap: the capped scores of the block, for the cap's derivative.
+    let softcap = inputs.scoring.softcap;
+    let mut capped_buffer = vec![E::zero(); softcap.map_or(0, |_| positions * group * KEY_BLOCK)];
     let mut grads = GroupGradients {
         query: Array2::zeros((stacked, dims.head_dim)),
         key: Array2::zeros((dims.keys, dims.head_dim)),
@@ -749,6 +828,9 @@ fn backward_group<E: KernelFloat>(
                 cols.clone(),
                 &mut weights,
             );
+            if softcap.is_some() {
+                block_matrix(&mut capped_buffer, rows.len(), cols.len()).assign(&weights);
+            }
             for (mut row, &lse) in weights
                 .rows_mut()
                 .into_iter()
@@ -788,9 +870,20 @@ fn backward_group<E: KernelFloat>(
             {
                 grad_row.zip_mut_with(&weight_row, |g, &w| *g = w * (*g - dot));
             }
+            // Through the cap: d(c · tanh(s / c)) / ds = 1 − tanh², where a weight is nonzero.
+            if let Some(cap) = softcap {
+                let inverse = cap.recip();
+                let capped = block_matrix(&mut capped_buffer, rows.len(), cols.len());
+                score_grad.zip_mut_with(&capped, |g, &s| {
+                    if *g != E::zero() {
+                        let tanh = s * inverse;
+                        *g = *g * (E::one() - tanh * tanh);
+                    }
+                });
+            }
             let mut query_grad_block = grads.query.slice_axis_mut(Axis(0), Slice::from(rows));
             mat_mul(
-                dims.scale(),
+                inputs.scoring.scale,
                 &score_grad,
                 &key_block,
                 E::one(),
@@ -798,7 +891,7 @@ fn backward_group<E: KernelFloat>(
             );
             let mut key_grad_block = grads.key.slice_axis_mut(Axis(0), Slice::from(cols.clone()));
             mat_mul(
-                dims.scale(),
+                inputs.scoring.scale,
                 &score_grad.t(),
                 &query_block,
                 E::one(),
@@ -837,7 +930,11 @@ mod tests {
     /// Dense causal attention and its gradients for `loss = Σ output ⊙ output_grad`.
     fn reference(inputs: &Inputs<f64>, output_grad: &[f64]) -> (Vec<f64>, Gradients<f64>) {
         let d = inputs.dims;
-        let scale = 1.0 / (d.head_dim as f64).sqrt();
+        let Scoring {
+            scale,
+            softcap,
+            sinks,
+        } = inputs.scoring;
         let at = |rows: usize, b: usize, t: usize, h: usize, c: usize| {
             ((b * rows + t) * d.heads + h) * d.head_dim + c
         };
@@ -850,6 +947,7 @@ mod tests {
             query: vec![0.0; d.query_len()],
             key: vec![0.0; d.key_len()],
             value: vec![0.0; d.key_len()],
+            sinks: sinks.map(|_| vec![0.0; d.heads]),
         };
         for b in 0..d.batch {
             for h in 0..d.heads {
@@ -870,10 +968,13 @@ mod tests {
                                 .sum::<f64>()
                                 * scale
                         })
+                        .map(|s| softcap.map_or(s, |c| c * (s / c).tanh()))
                         .collect();
+                    let sink = sinks.map(|sinks| sinks[h]);
                     let max = (0..d.keys)
                         .filter(|&j| visible(j))
                         .map(|j| scores[j])
+                        .chain(sink)
                         .fold(f64::NEG_INFINITY, f64::max);
                     if max == f64::NEG_INFINITY {
                         continue;
@@ -887,7 +988,8 @@ mod tests {
                             }
                         })
                         .collect();
-                    let sum: f64 = exp.iter().sum();
+                    let sink_exp = sink.map_or(0.0, |sink| (sink - max).exp());
+                    let sum: f64 = exp.iter().sum::<f64>() + sink_exp;
                     let weights: Vec<f64> = exp.iter().map(|e| e / sum).collect();
                     for c in 0..d.head_dim {
                         output[at(d.queries, b, i, h, c)] = (0..d.keys)
@@ -903,8 +1005,12 @@ mod tests {
                         })
                         .collect();
                     let dot: f64 = (0..d.keys).map(|j| weights[j] * weight_grad[j]).sum();
+                    if let Some(sink_grads) = &mut grads.sinks {
+                        sink_grads[h] -= sink_exp / sum * dot;
+                    }
                     for j in 0..d.keys {
-                        let score_grad = weights[j] * (weight_grad[j] - dot) * scale;
+                        let cap_grad = softcap.map_or(1.0, |c| 1.0 - (scores[j] / c).powi(2));
+                        let score_grad = weights[j] * (weight_grad[j] - dot) * cap_grad * scale;
                         for c in 0..d.head_dim {
                             grads.value[kv(b, j, h, c)] += weights[j] * go(c);
                             grads.query[at(d.queries, b, i, h, c)] +=
@@ -930,17 +1036,47 @@ mod tests {
 
     /// Runs the kernel in f64 and f32 against the reference, forward and backward.
     fn check(dims: Dims, key_padding: Option<Vec<bool>>) {
+        check_scored(dims, key_padding, &Scored::default());
+    }
+
+    /// A check's scale (default `1/√head_dim`), soft-cap and sinks, in f64.
+    #[derive(Debug, Clone, Default)]
+    struct Scored {
+        scale: Option<f64>,
+        softcap: Option<f64>,
+        sinks: Option<Vec<f64>>,
+    }
+
+    impl Scored {
+        /// The kernel's scoring in `E`, with `sinks` converted by the caller.
+        fn scoring<'a, E: KernelFloat>(
+            &self,
+            dims: &Dims,
+            sinks: Option<&'a [E]>,
+        ) -> Scoring<'a, E> {
+            let plain = Scoring::<E>::plain(dims.head_dim);
+            Scoring {
+                scale: self.scale.map_or(plain.scale, |s| E::from(s).unwrap()),
+                softcap: self.softcap.map(|c| E::from(c).unwrap()),
+                sinks,
+            }
+        }
+    }
+
+    /// [`check`] with a scale, a soft-cap and sinks.
+    fn check_scored(dims: Dims, key_padding: Option<Vec<bool>>, scored: &Scored) {
         let data = [
             values(dims.query_len(), 1),
             values(dims.key_len(), 2),
             values(dims.key_len(), 3),
             values(dims.query_len(), 4), // the output's gradient
         ];
-        let inputs = Inputs::packed(dims, [&data[0], &data[1], &data[2]], key_padding.as_deref());
+        let inputs = Inputs::packed(dims, [&data[0], &data[1], &data[2]], key_padding.as_deref())
+            .with_scoring(scored.scoring(&dims, scored.sinks.as_deref()));
         let expected = reference(&inputs, &data[3]);
         let padding = key_padding.as_deref();
-        check_in::<f64>(dims, padding, &data, &expected, [1e-12, 1e-12]);
-        check_in::<f32>(dims, padding, &data, &expected, [2e-6, 2e-5]);
+        check_in::<f64>(dims, padding, scored, &data, &expected, [1e-12, 1e-12]);
+        check_in::<f32>(dims, padding, scored, &data, &expected, [2e-6, 2e-5]);
     }
 
     /// The kernel in `E` on `data` (query, key, value, output gradient) against the reference's
@@ -948,6 +1084,7 @@ mod tests {
     fn check_in<E: KernelFloat>(
         dims: Dims,
         key_padding: Option<&[bool]>,
+        scored: &Scored,
         data: &[Vec<f64>; 4],
         (expected, expected_grads): &(Vec<f64>, Gradients<f64>),
         [output_tolerance, grad_tolerance]: [f64; 2],
@@ -957,7 +1094,12 @@ mod tests {
             .each_ref()
             .map(|xs| xs.iter().map(|&x| E::from(x).unwrap()).collect::<Vec<E>>());
         let widen = |xs: &[E]| xs.iter().map(|x| x.to_f64().unwrap()).collect::<Vec<f64>>();
-        let inputs = Inputs::packed(dims, [&query, &key, &value], key_padding);
+        let sinks: Option<Vec<E>> = scored
+            .sinks
+            .as_ref()
+            .map(|sinks| sinks.iter().map(|&x| E::from(x).unwrap()).collect());
+        let inputs = Inputs::packed(dims, [&query, &key, &value], key_padding)
+            .with_scoring(scored.scoring(&dims, sinks.as_deref()));
         let forward = super::forward(inputs);
         let error = max_error(&widen(&forward.output), expected);
         assert!(
@@ -977,6 +1119,18 @@ mod tests {
                     error < grad_tolerance,
                     "{precision} {name} gradient off by {error}, {splits} splits, {dims:?}"
                 );
+            }
+            match (&grads.sinks, &expected_grads.sinks) {
+                (Some(found), Some(expected)) => {
+                    let error = max_error(&widen(found), expected);
+                    // A sum over every row of its head: a longer sum than the others.
+                    assert!(
+                        error < 10.0 * grad_tolerance,
+                        "{precision} sinks gradient off by {error}, {scored:?}, {dims:?}"
+                    );
+                }
+                (None, None) => {}
+                _ => panic!("a sinks gradient iff the call has sinks"),
             }
         }
     }
@@ -1063,6 +1217,47 @@ mod tests {
             },
             Some(padding),
         );
+    }
+
+    #[test]
+    fn matches_the_formula_with_a_scale_a_softcap_and_sinks() {
+        // Groups of 2 across key blocks, a window across a block edge, and sequence 0 left-padded
+        // by 3 (its first queries see only padding: with a sink they give the sink all weight).
+        let grouped = Dims {
+            kv_heads: 2,
+            window: Some(70),
+            ..dims(2, 4, 140, 140, 8)
+        };
+        let padding: Vec<bool> = (0..2 * 140).map(|i| i < 3).collect();
+        let decoding = Dims {
+            kv_heads: 1,
+            ..dims(1, 4, 2, 150, 8)
+        };
+        let sinks = Some(vec![0.5, -1.0, 2.0, 0.0]);
+        // Scores reach ±8 here (8 features in [-2, 2)): a cap of 1.5 bends most of them.
+        let cases = [
+            Scored {
+                scale: Some(0.3),
+                ..Scored::default()
+            },
+            Scored {
+                softcap: Some(1.5),
+                ..Scored::default()
+            },
+            Scored {
+                sinks: sinks.clone(),
+                ..Scored::default()
+            },
+            Scored {
+                scale: Some(0.5),
+                softcap: Some(2.0),
+                sinks,
+            },
+        ];
+        for scored in &cases {
+            check_scored(grouped, Some(padding.clone()), scored);
+            check_scored(decoding, None, scored);
+        }
     }
 
     #[test]
@@ -1203,6 +1398,7 @@ mod tests {
             value: &stored[1],
             key_rows: rows,
             key_padding: None,
+            scoring: Scoring::plain(dims.head_dim),
         });
         let from_packed = forward(Inputs::packed(dims, [&query, &packed[0], &packed[1]], None));
         assert_eq!(from_rows.output, from_packed.output);

@@ -7,6 +7,7 @@ use std::marker::PhantomData;
 use std::ops::Range;
 
 use burn::backend::Autodiff;
+use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -15,7 +16,8 @@ use burn::prelude::*;
 use burn::tensor::{Bool, DType, Element, TensorData, TensorPrimitive};
 
 use super::host_cache::{HostStorage, with_host_kv};
-use super::kernel::{self, Dims, Forward, Inputs, KernelFloat};
+use super::kernel::{self, Dims, Forward, Inputs, KernelFloat, Scoring};
+use crate::attend::{ScoreRule, scale_for};
 use crate::kernels::inputs::KernelInputs;
 
 /// `value` as the type it is known (by its `TypeId`) to be.
@@ -52,8 +54,9 @@ pub(crate) fn on_autodiff<B: Backend, I: Backend, C: CheckpointStrategy>(
 }
 
 /// The kernel's forward pass on `I`'s data, recorded as one graph node whose backward is
-/// [`kernel::backward`]. The nodes are taken before the data so that burn-ndarray can hand the
-/// buffers over without copying.
+/// [`kernel::backward`]; its parents are the query, key and value, and the sinks where the layer
+/// has them. The nodes are taken before the data so that burn-ndarray can hand the buffers over
+/// without copying.
 fn tracked<I: Backend, C: CheckpointStrategy, E: HostFloat>(
     inputs: KernelInputs<Autodiff<I, C>>,
 ) -> Tensor<Autodiff<I, C>, 3> {
@@ -63,6 +66,11 @@ fn tracked<I: Backend, C: CheckpointStrategy, E: HostFloat>(
     let nodes = [&query, &key, &value].map(|tensor| tensor.node.clone());
     let [query, key, value] = [query, key, value]
         .map(|tensor| Tensor::<I, 3>::from_primitive(TensorPrimitive::Float(tensor.primitive)));
+    let sinks = inputs
+        .scores
+        .sinks
+        .map(|sinks| sinks.into_primitive().tensor());
+    let sinks_node = sinks.as_ref().map(|sinks| sinks.node.clone());
     let host = Host::<E>::download(KernelInputs {
         query,
         key,
@@ -73,25 +81,43 @@ fn tracked<I: Backend, C: CheckpointStrategy, E: HostFloat>(
         key_padding: inputs
             .key_padding
             .map(|mask| Tensor::from_primitive(mask.into_primitive())),
+        scores: ScoreRule {
+            scale: inputs.scores.scale,
+            softcap: inputs.scores.softcap,
+            sinks: sinks.map(|sinks| {
+                Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(sinks.primitive))
+            }),
+        },
     });
     let forward = kernel::forward(host.inputs());
     let output = upload::<I, E>(forward.output.clone(), host.query_shape(), &device)
         .into_primitive()
         .tensor();
-    let output = match FlashBackward::<E>(PhantomData)
-        .prepare::<C>(nodes)
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(
-            Saved {
-                host,
-                forward,
-                device,
-            },
-            output,
-        ),
-        OpsKind::UnTracked(prep) => prep.finish(output),
+    let saved = Saved {
+        host,
+        forward,
+        device,
+    };
+    // The node over its parents: 3 or 4 of them (burn-autodiff does not export their type, so a
+    // macro rather than a function generic over the count).
+    macro_rules! record {
+        ($parents:expr) => {
+            match FlashBackward::<E>(PhantomData)
+                .prepare::<C>($parents)
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish(saved, output),
+                OpsKind::UnTracked(prep) => prep.finish(output),
+            }
+        };
+    }
+    let output = match sinks_node {
+        None => record!(nodes),
+        Some(sinks) => {
+            let [query, key, value] = nodes;
+            record!([query, key, value, sinks])
+        }
     };
     Tensor::from_primitive(TensorPrimitive::Float(output))
 }
@@ -108,6 +134,10 @@ struct Host<E> {
     key: TensorData,
     value: TensorData,
     key_padding: Option<Vec<bool>>,
+    scale: f64,
+    softcap: Option<f64>,
+    /// `[heads]`
+    sinks: Option<TensorData>,
     element: PhantomData<E>,
 }
 
@@ -136,6 +166,12 @@ impl<E: HostFloat> Host<E> {
             key_padding: inputs
                 .key_padding
                 .map(|mask| mask.into_data().iter::<bool>().collect()),
+            scale: inputs.scores.scale_for(width / inputs.heads),
+            softcap: inputs.scores.softcap,
+            sinks: inputs
+                .scores
+                .sinks
+                .map(|sinks| sinks.into_data().convert::<E>()),
             element: PhantomData,
         }
     }
@@ -145,7 +181,11 @@ impl<E: HostFloat> Host<E> {
             data.as_slice().expect("converted to E")
         }
         let buffers = [&self.query, &self.key, &self.value].map(floats::<E>);
-        Inputs::packed(self.dims, buffers, self.key_padding.as_deref())
+        Inputs::packed(self.dims, buffers, self.key_padding.as_deref()).with_scoring(scoring(
+            self.scale,
+            self.softcap,
+            self.sinks.as_ref().map(floats::<E>),
+        ))
     }
 
     fn query_shape(&self) -> [usize; 3] {
@@ -171,6 +211,20 @@ impl<E: HostFloat> Host<E> {
     }
 }
 
+/// The kernel's [`Scoring`] in `E`.
+fn scoring<E: KernelFloat>(
+    scale: f64,
+    softcap: Option<f64>,
+    sinks: Option<&[E]>,
+) -> Scoring<'_, E> {
+    let float = |x: f64| E::from(x).expect("a float converts");
+    Scoring {
+        scale: float(scale),
+        softcap: softcap.map(float),
+        sinks,
+    }
+}
+
 fn upload<B: Backend, E: HostFloat>(
     data: Vec<E>,
     shape: [usize; 3],
@@ -192,10 +246,10 @@ struct Saved<E, D> {
     device: D,
 }
 
-impl<I: Backend, E: HostFloat> Backward<I, 3> for FlashBackward<E> {
+impl<I: Backend, E: HostFloat, const N: usize> Backward<I, N> for FlashBackward<E> {
     type State = Saved<E, I::Device>;
 
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let Saved {
             host,
             forward,
@@ -208,17 +262,25 @@ impl<I: Backend, E: HostFloat> Backward<I, 3> for FlashBackward<E> {
                 .into_vec::<E>()
                 .expect("converted to E");
         let gradients = kernel::backward(host.inputs(), &forward, &output_grad);
-        let [query, key, value] = ops.parents;
-        let inputs = [
-            (query, gradients.query, host.query_shape()),
-            (key, gradients.key, host.key_shape()),
-            (value, gradients.value, host.key_shape()),
+        let register = |grads: &mut Gradients, id: NodeId, gradient: Tensor<I, 3>| {
+            grads.register::<I>(id, gradient.into_primitive().tensor());
+        };
+        // The parents in order: query, key, value, then the sinks if the layer has them.
+        let [query, key, value] = [
+            (gradients.query, host.query_shape()),
+            (gradients.key, host.key_shape()),
+            (gradients.value, host.key_shape()),
         ];
-        for (node, gradient, shape) in inputs {
-            if let Some(node) = node {
-                let gradient = upload::<I, E>(gradient, shape, &device);
-                grads.register::<I>(node.id, gradient.into_primitive().tensor());
+        let mut parents = ops.parents.into_iter();
+        for (gradient, shape) in [query, key, value] {
+            if let Some(node) = parents.next().flatten() {
+                register(grads, node.id, upload::<I, E>(gradient, shape, &device));
             }
+        }
+        if let (Some(node), Some(gradient)) = (parents.next().flatten(), gradients.sinks) {
+            let heads = [gradient.len()];
+            let gradient = Tensor::<I, 1>::from_data(TensorData::new(gradient, heads), &device);
+            grads.register::<I>(node.id, gradient.into_primitive().tensor());
         }
     }
 }
@@ -238,6 +300,7 @@ pub(crate) struct CachedStep<'a, B: Backend> {
     pub heads: usize,
     pub window: Option<usize>,
     pub key_padding: Option<Tensor<B, 2, Bool>>,
+    pub scores: ScoreRule<B>,
 }
 
 /// Causal attention of new queries over a host cache on the CPU kernel.
@@ -251,9 +314,21 @@ pub(crate) fn cached<B: Backend>(inputs: CachedStep<'_, B>) -> Tensor<B, 3> {
     let key_padding: Option<Vec<bool>> = inputs
         .key_padding
         .map(|mask| mask.into_data().iter::<bool>().collect());
+    let ScoreRule {
+        scale,
+        softcap,
+        sinks,
+    } = inputs.scores;
+    let sinks = sinks.map(Tensor::into_data);
     with_host_kv!(inputs.cache, kv => {
         let query = query.convert_dtype(element_dtype(&kv.keys));
         let query_floats = query.as_slice().expect("converted to the cache's precision");
+        let sinks_floats = sinks.clone().map(|sinks| {
+            sinks
+                .convert_dtype(element_dtype(&kv.keys))
+                .into_vec()
+                .expect("converted to the cache's precision")
+        });
         let head_dim = width / inputs.heads;
         let dims = Dims {
             batch,
@@ -274,6 +349,7 @@ pub(crate) fn cached<B: Backend>(inputs: CachedStep<'_, B>) -> Tensor<B, 3> {
                 per_sequence: kv.allocated,
             },
             key_padding: key_padding.as_deref(),
+            scoring: scoring(scale_for(scale, head_dim), softcap, sinks_floats.as_deref()),
         });
         Tensor::from_data(TensorData::new(forward.output, [batch, queries, width]), &device)
     })
