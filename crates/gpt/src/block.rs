@@ -15,23 +15,26 @@ use crate::norm::{Norm, optional};
 /// Where the norms sit is one of the things families differ in, and it is these fields, not
 /// another block: GPT-2, the Llama family and the book's GPT normalize each branch's input only
 /// (pre-norm, [`pre_norm`](Self::pre_norm): the two post norms `None`); a family that also
-/// normalizes each branch's output (Gemma 2's sandwich) sets all four, one that normalizes only
-/// the outputs (OLMo 2) sets the post norms alone.
+/// normalizes each branch's output (Gemma 2 and 3's sandwich) sets all four, one that normalizes
+/// only the outputs (OLMo 2) sets the post norms alone.
 #[derive(Module, Debug)]
 pub struct DecoderBlock<B: Backend> {
-    /// Norm of the attention's input: GPT-2's `ln_1`, the Llama family's `input_layernorm`.
+    /// Norm of the attention's input: GPT-2's `ln_1`, the Llama family's and Gemma's
+    /// `input_layernorm`.
     pub attention_norm: Option<Norm<B>>,
     /// Causal self-attention (GPT-2's `attn`, the Llama family's `self_attn`): the model's
     /// heads, positions and window.
     pub attention: MultiHeadAttention<B>,
-    /// Norm of the attention's output, before the residual sum (none in the families loaded
-    /// today).
+    /// Norm of the attention's output, before the residual sum: OLMo 2's and Gemma's
+    /// `post_attention_layernorm`.
     pub post_attention_norm: Option<Norm<B>>,
-    /// Norm of the MLP's input: GPT-2's `ln_2`, the Llama family's `post_attention_layernorm`.
+    /// Norm of the MLP's input: GPT-2's `ln_2`, the Llama family's `post_attention_layernorm`,
+    /// Gemma's `pre_feedforward_layernorm`.
     pub feed_forward_norm: Option<Norm<B>>,
     /// The MLP (`mlp`).
     pub feed_forward: Mlp<B>,
-    /// Norm of the MLP's output, before the residual sum (none in the families loaded today).
+    /// Norm of the MLP's output, before the residual sum: OLMo 2's and Gemma's
+    /// `post_feedforward_layernorm`.
     pub post_feed_forward_norm: Option<Norm<B>>,
     /// Dropout on both residual branches: active only while training (under autodiff), with
     /// probability 0 in a loaded checkpoint.

@@ -203,11 +203,13 @@ impl GptConfig {
         };
         Decoder {
             token_embedding: EmbeddingConfig::new(self.vocab_size, d).init(device),
+            embedding_scale: None,
             position_embedding: Some(EmbeddingConfig::new(self.context_length, d).init(device)),
             dropout: DropoutConfig::new(self.dropout).init(),
             blocks: (0..self.num_layers).map(|_| block()).collect(),
             final_norm: layer_norm(),
             lm_head: Some(linear(d, self.vocab_size)),
+            logit_softcap: None,
         }
     }
 }

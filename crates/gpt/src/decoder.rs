@@ -28,15 +28,20 @@ pub enum DecoderError {
 }
 
 /// A decoder-only language model:
-/// `lm_head(final_norm(blocks(dropout(token_embedding + position_embedding))))`.
+/// `softcap(lm_head(final_norm(blocks(dropout(scale · token_embedding + position_embedding)))))`.
 ///
 /// Families differ in its parts, not in its code: learned positions (GPT-2, the book's GPT) or
 /// rotary ones inside the attention (the Llama family), which [`Norm`] and
-/// [`Mlp`](crate::Mlp), where a block puts its norms, a separate or a tied LM head.
+/// [`Mlp`](crate::Mlp), where a block puts its norms, a separate or a tied LM head, scaled
+/// embeddings and soft-capped logits (Gemma).
 #[derive(Module, Debug)]
 pub struct Decoder<B: Backend> {
     /// Token embeddings, `[vocab, width]` (GPT-2's `wte`, the Llama family's `embed_tokens`).
     pub token_embedding: Embedding<B>,
+    /// Multiplies the looked-up token embeddings (not the tied LM head's): Gemma's `√width`,
+    /// rounded to float32 as transformers computes it. `None`: no scaling.
+    #[module(skip)]
+    pub embedding_scale: Option<f64>,
     /// Learned positions, `[positions, width]` (GPT-2's `wpe`); `None` where the attention
     /// rotates by position instead (the Llama family).
     pub position_embedding: Option<Embedding<B>>,
@@ -48,6 +53,11 @@ pub struct Decoder<B: Backend> {
     pub final_norm: Norm<B>,
     /// `width → vocab` (`lm_head`), or `None` when it is tied to the token embedding.
     pub lm_head: Option<Linear<B>>,
+    /// Soft-capping of the logits, `c · tanh(logits / c)` (Gemma 2's
+    /// `final_logit_softcapping`); must be finite and positive. `None`: the LM head's logits as
+    /// they are.
+    #[module(skip)]
+    pub logit_softcap: Option<f64>,
 }
 
 impl<B: Backend> Decoder<B> {
@@ -158,6 +168,9 @@ impl<B: Backend> Decoder<B> {
         }
         // [batch, seq, width]
         let mut x = self.token_embedding.forward(input.tokens.clone());
+        if let Some(scale) = self.embedding_scale {
+            x = x.mul_scalar(scale);
+        }
         if let Some(positions) = &self.position_embedding {
             x = x + positions.forward(input.positions.clone());
         }
@@ -183,16 +196,21 @@ impl<B: Backend> Decoder<B> {
         }))
     }
 
-    /// The LM head: `lm_head`, or the token embedding's transpose when tied (`h · Eᵀ`).
+    /// The LM head: `lm_head`, or the token embedding's transpose when tied (`h · Eᵀ`), then
+    /// the soft-cap if there is one (`logits / c`, `tanh`, `· c`, in transformers' order).
     ///
     /// # Shapes
     /// - `rows`: `[tokens, width]`
     /// - output: `[tokens, vocab]`
     fn lm_head(&self, rows: Tensor<B, 2>) -> Tensor<B, 2> {
-        match &self.lm_head {
+        let logits = match &self.lm_head {
             Some(head) => head.forward(rows),
             // `[vocab, width]`
             None => rows.matmul(self.token_embedding.weight.val().transpose()),
+        };
+        match self.logit_softcap {
+            Some(cap) => logits.div_scalar(cap).tanh().mul_scalar(cap),
+            None => logits,
         }
     }
 }

@@ -1,8 +1,9 @@
 //! The model stack of this workspace, built from [`attention_core::MultiHeadAttention`]: one
 //! decoder-only transformer, [`Decoder`], whose families differ in fields, not in code — which
-//! [`Norm`] (LayerNorm or RMSNorm) and where a [`DecoderBlock`] puts it, which [`Mlp`] (GPT-2's,
-//! the book's gated GELU, the Llama family's SwiGLU), learned or rotary positions, a separate or
-//! tied LM head — and one [`Sampler`] that picks generated tokens.
+//! [`Norm`] (LayerNorm, RMSNorm, Gemma's `1 + w` RMSNorm) and where a [`DecoderBlock`] puts it,
+//! which [`Mlp`] (GPT-2's, the book's gated GELU, the Llama family's SwiGLU, Gemma's tanh-GELU),
+//! learned or rotary positions, a separate or tied LM head, scaled embeddings and soft-capped
+//! logits — and one [`Sampler`] that picks generated tokens.
 //!
 //! The book's small GPT ([`GptConfig`]) is one configuration of it, trained by `tiny-gpt` and
 //! saved and loaded by [`checkpoint`]; `hf-models` loads GPT-2 and the Llama family from Hugging
@@ -18,7 +19,7 @@
 //! assert_eq!(tokens.len(), 2 + 5);
 //! ```
 //!
-//! - `norm.rs`: [`Norm`].
+//! - `norm.rs`: [`Norm`] and Gemma's [`UnitOffsetRmsNorm`].
 //! - `mlp.rs`: [`Mlp`] and its [`Activation`]s.
 //! - `input.rs`: [`LmInput`], a forward pass's tokens, positions and padding; [`Logits`].
 //! - `block.rs`: [`DecoderBlock`], and the per-token rows its MLP runs on.
@@ -48,5 +49,5 @@ pub use generate::GenerateError;
 pub use input::{LmInput, Logits};
 pub use mlp::{Activation, GatedMlp, Mlp, PlainMlp};
 pub use named::{load_parameters, named_parameters, parameter_shapes};
-pub use norm::Norm;
+pub use norm::{Norm, UnitOffsetRmsNorm};
 pub use sampling::{Sampler, Sampling, SamplingError};

@@ -13,7 +13,7 @@ pub enum Activation {
     /// gated feed-forward.
     Gelu,
     /// `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`: transformers' `gelu_new`,
-    /// `gelu_pytorch_tanh`, `gelu_fast` (GPT-2).
+    /// `gelu_pytorch_tanh`, `gelu_fast` (GPT-2, Gemma).
     GeluTanh,
     /// `x σ(x)` (SiLU, swish): the Llama family's `silu`.
     Silu,
@@ -69,7 +69,7 @@ pub struct GatedMlp<B: Backend> {
     pub up: Linear<B>,
     /// `hidden → width` (`down_proj`).
     pub down: Linear<B>,
-    /// The gate's nonlinearity: GELU for the book's GPT, SiLU for SwiGLU.
+    /// The gate's nonlinearity: GELU for the book's GPT, SiLU for SwiGLU, tanh-GELU for Gemma.
     #[module(skip)]
     pub activation: Activation,
 }

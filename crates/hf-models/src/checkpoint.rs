@@ -162,6 +162,17 @@ fn exists(path: &Path) -> bool {
     std::fs::metadata(path).is_ok()
 }
 
+/// How a checkpoint stores an attention layer's query, key and value projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QkvTensors {
+    /// As [`StateDict::to_layer`] reads them: `q_proj`, `k_proj`, `v_proj` (the Llama family),
+    /// or GPT-2's `c_attn`.
+    ByLayout,
+    /// Phi-3's `qkv_proj.weight`, the three `nn.Linear` weights' rows one after the other
+    /// (`[(heads + 2 · kv_heads) · head_dim, width]`), no biases.
+    Fused,
+}
+
 /// A checkpoint's tensors, taken by the model that loads them; whatever is left at the end is
 /// an error ([`LoadError::UnexpectedTensors`]).
 pub(crate) struct Checkpoint {
@@ -206,18 +217,32 @@ impl Checkpoint {
     }
 
     /// The attention layer whose tensors are named `prefix` + the names of its layout
-    /// ([`StateDict::to_layer`]); any other tensor under `prefix` is unexpected.
+    /// ([`StateDict::to_layer`], which reads the query and key norms `q_norm`, `k_norm` when
+    /// `config` has them), or of Phi-3's fused `qkv_proj` ([`QkvTensors`]); any other tensor
+    /// under `prefix` is unexpected.
     pub(crate) fn attention<B: Backend>(
         &mut self,
         prefix: &str,
         config: &MultiHeadAttentionConfig,
+        qkv: QkvTensors,
         device: &B::Device,
     ) -> Result<MultiHeadAttention<B>, LoadError> {
         let sub = self.dict.split_prefix(prefix);
+        let qk_norm = config.qk_norm.is_some();
         let known = |key: &str| {
             let param = key.trim_end_matches(".weight").trim_end_matches(".bias");
-            let projection = ["q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "c_proj"];
-            (key.ends_with(".weight") || key.ends_with(".bias")) && projection.contains(&param)
+            let projection = match qkv {
+                QkvTensors::ByLayout => {
+                    ["q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "c_proj"].contains(&param)
+                }
+                // Phi-3's projections have no biases.
+                QkvTensors::Fused => ["qkv_proj.weight", "o_proj.weight"].contains(&key),
+            };
+            (key.ends_with(".weight") || key.ends_with(".bias")) && projection
+                // Read by `to_layer`; Phi-3 has no q/k norms.
+                || qk_norm
+                    && qkv == QkvTensors::ByLayout
+                    && ["q_norm.weight", "k_norm.weight"].contains(&key)
                 || RECOMPUTED
                     .iter()
                     .any(|buffer| format!("{prefix}{key}").ends_with(buffer))
@@ -228,11 +253,47 @@ impl Checkpoint {
                 keys: vec![format!("{prefix}{key}")],
             });
         }
-        let mut layer = sub
-            .to_layer(config, device)
-            .map_err(|error| LoadError::from(error.with_key_prefix(prefix)))?;
-        // Stored anew: transposed (nn.Linear) or narrowed (GPT-2's c_attn) views give wrong
-        // one-token products on Burn 0.21's wgpu backend, i.e. wrong cached decoding.
+        let named = |error: WeightsError| LoadError::from(error.with_key_prefix(prefix));
+        let mut layer = match qkv {
+            QkvTensors::ByLayout => sub.to_layer(config, device).map_err(named)?,
+            QkvTensors::Fused => {
+                // Both tensors read (their shapes checked) before the layer is allocated from
+                // the config's sizes; saturating, a size past usize matches no tensor.
+                let head_dim = config.head_dim();
+                let query_width = config.num_heads.saturating_mul(head_dim);
+                let kv_width = config.num_kv_heads().saturating_mul(head_dim);
+                // `[q | k | v]` rows, each block an nn.Linear's `[out, in]`.
+                let rows = kv_width.saturating_mul(2).saturating_add(query_width);
+                let fused = sub
+                    .tensor_shaped::<B, 2>("qkv_proj.weight", [rows, config.input_dim], device)
+                    .map_err(named)?;
+                let output = sub
+                    .tensor_shaped::<B, 2>(
+                        "o_proj.weight",
+                        [config.output_dim, query_width],
+                        device,
+                    )
+                    .map_err(named)?;
+                let mut layer = config
+                    .try_init::<B>(device)
+                    .map_err(|error| named(error.into()))?;
+                for (linear, start, rows) in [
+                    (&mut layer.query_layer, 0, query_width),
+                    (&mut layer.key_layer, query_width, kv_width),
+                    (&mut layer.value_layer, query_width + kv_width, kv_width),
+                ] {
+                    linear.weight =
+                        Param::from_tensor(fused.clone().narrow(0, start, rows).transpose());
+                    linear.bias = None;
+                }
+                layer.output_layer.weight = Param::from_tensor(output.transpose());
+                layer.output_layer.bias = None;
+                layer
+            }
+        };
+        // Stored anew: transposed (nn.Linear) or narrowed (GPT-2's c_attn, Phi-3's qkv_proj)
+        // views give wrong one-token products on Burn 0.21's wgpu backend, i.e. wrong cached
+        // decoding.
         for linear in [
             &mut layer.query_layer,
             &mut layer.key_layer,
@@ -363,6 +424,27 @@ impl Checkpoint {
         self.linear_from(prefix, weight, true, device)
     }
 
+    /// `nn.Linear`s stored as one (Phi-3's `gate_up_proj`): `{prefix}.weight`
+    /// `[sum of outputs, input]`, whose consecutive blocks of rows are the layers, without biases.
+    pub(crate) fn fused_linears<B: Backend, const N: usize>(
+        &mut self,
+        prefix: &str,
+        input: usize,
+        outputs: [usize; N],
+        device: &B::Device,
+    ) -> Result<[Linear<B>; N], LoadError> {
+        let rows = outputs
+            .iter()
+            .fold(0usize, |sum, &rows| sum.saturating_add(rows));
+        let weight = self.tensor::<B, 2>(&format!("{prefix}.weight"), [rows, input], device)?;
+        let mut start = 0;
+        Ok(outputs.map(|rows| {
+            let block = weight.clone().narrow(0, start, rows);
+            start += rows;
+            linear_layer(block.transpose(), None, device)
+        }))
+    }
+
     fn linear_from<B: Backend>(
         &mut self,
         prefix: &str,
@@ -370,22 +452,13 @@ impl Checkpoint {
         bias: bool,
         device: &B::Device,
     ) -> Result<Linear<B>, LoadError> {
-        let [input, output] = weight.dims();
+        let [_, output] = weight.dims();
         let bias = if bias {
-            Some(Param::from_tensor(self.tensor(
-                &format!("{prefix}.bias"),
-                [output],
-                device,
-            )?))
+            Some(self.tensor(&format!("{prefix}.bias"), [output], device)?)
         } else {
             None
         };
-        let mut linear = LinearConfig::new(input, output)
-            .with_bias(false)
-            .init(device);
-        linear.weight = Param::from_tensor(contiguous(weight));
-        linear.bias = bias;
-        Ok(linear)
+        Ok(linear_layer(weight, bias, device))
     }
 
     /// The LM head `lm_head` (`[width, vocab]` in Burn's layout), or `None` when it is tied to
@@ -450,4 +523,20 @@ impl Checkpoint {
             Param::from_tensor(self.tensor(&format!("{prefix}.weight"), [width], device)?);
         Ok(norm)
     }
+}
+
+/// A linear layer of `weight` (Burn's layout, `[in, out]`, stored anew: see
+/// [`Checkpoint::attention`]) and `bias`.
+fn linear_layer<B: Backend>(
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    device: &B::Device,
+) -> Linear<B> {
+    let [input, output] = weight.dims();
+    let mut linear = LinearConfig::new(input, output)
+        .with_bias(false)
+        .init(device);
+    linear.weight = Param::from_tensor(contiguous(weight));
+    linear.bias = bias.map(Param::from_tensor);
+    linear
 }

@@ -7,7 +7,7 @@ use burn::nn::DropoutConfig;
 use burn::prelude::*;
 use gpt::{Decoder, DecoderBlock, Mlp, Norm, PlainMlp};
 
-use crate::checkpoint::{Checkpoint, LoadError, Size};
+use crate::checkpoint::{Checkpoint, LoadError, QkvTensors, Size};
 use crate::config::Gpt2Config;
 
 /// Builds GPT-2 from a checkpoint's tensors (named with or without `transformer.`).
@@ -54,7 +54,12 @@ pub(crate) fn load<B: Backend>(
             let prefix = format!("{base}h.{i}.");
             Ok(DecoderBlock::pre_norm(
                 layer_norm(checkpoint, &format!("{prefix}ln_1"))?,
-                checkpoint.attention(&format!("{prefix}attn."), &attention, device)?,
+                checkpoint.attention(
+                    &format!("{prefix}attn."),
+                    &attention,
+                    QkvTensors::ByLayout,
+                    device,
+                )?,
                 layer_norm(checkpoint, &format!("{prefix}ln_2"))?,
                 Mlp::Plain(PlainMlp {
                     fc: checkpoint.conv1d(&format!("{prefix}mlp.c_fc"), [width, mlp], device)?,
@@ -74,6 +79,7 @@ pub(crate) fn load<B: Backend>(
             [config.vocab_size, width],
             device,
         )?,
+        embedding_scale: None,
         position_embedding: Some(checkpoint.embedding(
             &format!("{base}wpe.weight"),
             [config.max_positions, width],
@@ -87,5 +93,6 @@ pub(crate) fn load<B: Backend>(
             [width, config.vocab_size],
             device,
         )?,
+        logit_softcap: None,
     })
 }

@@ -1,6 +1,8 @@
 //! Causal language models from Hugging Face checkpoints: GPT-2 and the Llama family (Llama,
-//! Mistral, Qwen2) loaded into [`gpt`]'s one [`Decoder`], generic over the Burn backend, giving
-//! transformers' logits and tokens.
+//! Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3's text model, Phi-3, OLMo 2, SmolLM3) loaded into
+//! [`gpt`]'s one [`Decoder`], generic over the Burn backend, giving transformers' logits and
+//! tokens. Weights stored in float32, bfloat16, float16 or float64 are converted to the backend's
+//! float type.
 //!
 //! ```no_run
 //! use burn::backend::NdArray;
@@ -24,7 +26,9 @@
 //! - `checkpoint.rs`: the directory's files (`model.safetensors`, or shards), tensors taken by
 //!   name, extra ones refused.
 //! - `gpt2.rs`, `llama.rs`: which parts of the [`Decoder`] each architecture takes, and its
-//!   tensors' names.
+//!   tensors' names. A family of `llama.rs` is a few fields of its [`LlamaConfig`] (norm
+//!   placement and convention, q/k norms, fused tensors, which layers have a window or which
+//!   RoPE, score scale and soft-caps), not a copy.
 //! - `model.rs`: [`CausalLm`], a loaded checkpoint and the checks of a forward pass's input.
 //! - `generate.rs`: batched generation from left-padded [`Prompts`].
 #![warn(missing_docs)]
@@ -38,12 +42,12 @@ mod model;
 
 pub use checkpoint::{LoadError, read_config, read_special_tokens, read_weights};
 pub use config::{
-    ConfigError, Gpt2Config, LlamaConfig, LlamaFamily, ModelConfig, SpecialTokens, Windows,
-    rope_scaling,
+    BlockNorms, ConfigError, Gpt2Config, LlamaConfig, LlamaFamily, ModelConfig, RopeLayers,
+    SpecialTokens, Windows, rope_scaling,
 };
 pub use generate::{GenerateConfig, GenerateError, Generation, Prompts, PromptsError};
 pub use gpt::{
     Activation, Decoder, DecoderBlock, GatedMlp, LmInput, Mlp, Norm, PlainMlp, Sampling,
-    SamplingError,
+    SamplingError, UnitOffsetRmsNorm,
 };
 pub use model::{CausalLm, ModelError};

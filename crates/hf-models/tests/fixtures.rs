@@ -7,12 +7,23 @@ use burn::prelude::*;
 use hf_models::{CausalLm, GenerateConfig, Generation, Prompts};
 use tensor_files::{RawTensor, Tensors};
 
-/// The model directories, Llama first: wgpu runs the first two (see `cases_on`).
-const MODELS: [&str; 4] = [
+/// The model directories, Llama first: wgpu runs the first two (see `cases_on`). After the
+/// first four, today's small families (q/k norms per head and over the width; Gemma's sandwich
+/// of `1 + w` norms, scaled embeddings, score scale, soft-caps and windows on some layers, with
+/// RoPE per layer type in Gemma 3; fused tensors with partial RoPE; layers without RoPE) and a
+/// Llama stored in bfloat16.
+const MODELS: [&str; 11] = [
     "llama_tiny_s1",
     "gpt2_tiny_s0",
     "qwen2_tiny_s2",
     "mistral_tiny_s3",
+    "qwen3_s20",
+    "gemma2_s21",
+    "gemma3_s22",
+    "phi3_s23",
+    "olmo2_s24",
+    "smollm3_s25",
+    "llama_bf16_s26",
 ];
 
 struct Expected {
@@ -146,9 +157,12 @@ fn models_match_transformers<B: Backend>(device: &B::Device) {
 }
 
 /// Generating through the caches and recomputing the whole sequence at every step give the
-/// same tokens and (to rounding) the same logits.
+/// same tokens and (to rounding) the same logits: GPT-2, Llama and each family that changes
+/// what the cache holds or how it is read (normalized keys, partly rotated keys, unrotated
+/// keys, windows on some layers only, soft-capped scores, RoPE per layer type).
 fn cached_generation_equals_uncached<B: Backend>(device: &B::Device) {
-    for model in cases_on::<B, _>(&MODELS[..2]) {
+    let models = MODELS[..2].iter().chain(&MODELS[4..]);
+    for &model in models {
         let (_, cached) = generate::<B>(model, true, device);
         let (_, uncached) = generate::<B>(model, false, device);
         assert_eq!(cached.tokens, uncached.tokens, "{model}");

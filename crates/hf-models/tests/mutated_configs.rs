@@ -12,11 +12,17 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Value, json};
 
-const MODELS: [&str; 4] = [
+const MODELS: [&str; 10] = [
     "gpt2_tiny_s0",
     "llama_tiny_s1",
     "qwen2_tiny_s2",
     "mistral_tiny_s3",
+    "qwen3_s20",
+    "gemma2_s21",
+    "gemma3_s22",
+    "phi3_s23",
+    "olmo2_s24",
+    "smollm3_s25",
 ];
 
 /// What a mutation puts in a field's place (`None`: the field is removed).

@@ -1,4 +1,5 @@
-//! `hf-lm`: a Hugging Face checkpoint directory (GPT-2, Llama, Mistral, Qwen2) on a Burn backend.
+//! `hf-lm`: a Hugging Face checkpoint directory (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 2,
+//! Gemma 3's text model, Phi-3, OLMo 2, SmolLM3) on a Burn backend.
 //!
 //! - `hf-lm --model DIR --input IDS.safetensors --new-tokens N --output OUT.safetensors`:
 //!   `IDS` holds `input_ids` and `attention_mask` (`[batch, t]`, int64, padding on the left);
