@@ -1,16 +1,24 @@
-"""transformers' GPT-2 `generate`, timed as `lm-bench` times ours, for side-by-side figures.
+"""transformers' `generate` on a causal LM, timed as `lm-bench` times ours, for side-by-side figures.
 
-    # a GPT-2-small-shaped model with random weights, as save_pretrained writes it
-    python peer_lm.py --save /tmp/gpt2-small
+    # random weights (seeded) in the shape of GPT-2 small, SmolLM2-135M or Qwen3-0.6B, written as
+    # save_pretrained writes them (config.json, model.safetensors, float32) for lm-bench to load
+    python peer_lm.py --family gpt2 --save /tmp/gpt2-small
+    python peer_lm.py --family smollm2 --save /tmp/smollm2-135m
+    python peer_lm.py --family qwen3 --save /tmp/qwen3-0.6b
     # prefill and decode of batch 1 and 8, 128-token prompts, 128 new tokens, 2 threads
     python peer_lm.py --model /tmp/gpt2-small --batch 1,8 --prompt 128 --new 128 --threads 2
+    # the same without a directory: the random model of --family, built in memory
+    python peer_lm.py --family smollm2 --batch 1 --prompt 128 --new 128 --threads 2
+    # a quick check: the family's shape cut to 2 layers (with --save or in memory)
+    python peer_lm.py --family qwen3 --layers 2 --batch 1 --prompt 16 --new 4 --repeats 1
 
-One JSON object per batch size. Both sides time whole `generate` calls with greedy decoding:
-`prefill` is the call that makes 1 new token (the prompt's forward pass and one pick), `total`
-the one that makes `--new`; the decode rate is `batch · (new − 1) / (total − prefill)`. The
-prompt ids are `(row · 7919 + column · 104729) mod vocab`, the same formula as lm-bench.
-`min_new_tokens` keeps transformers from stopping at an end-of-sequence id (ours never stops
-early: a finished row continues with pads), so both run every step.
+One JSON object per batch size; its `family` is `--family` when given (with --model it must match
+the directory's `model_type`), else that `model_type` (a saved SmolLM2 shape reads as `llama`). Both sides time whole `generate` calls with
+greedy decoding: `prefill` is the call that makes 1 new token (the prompt's forward pass and one
+pick), `total` the one that makes `--new`; the decode rate is `batch · (new − 1) / (total −
+prefill)`. The prompt ids are `(row · 7919 + column · 104729) mod vocab`, the same formula as
+lm-bench. `min_new_tokens` keeps transformers from stopping at an end-of-sequence id (ours never
+stops early: a finished row continues with pads), so both run every step. Models run in float32.
 """
 
 import argparse
@@ -19,13 +27,47 @@ import statistics
 import time
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen3Config
 
 
-def save(directory, seed):
+def gpt2_config():
+    """GPT-2 small."""
+    return GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257)
+
+
+def smollm2_config():
+    """SmolLM2-135M's shape."""
+    return LlamaConfig(
+        num_hidden_layers=30, hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+        num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0,
+        rms_norm_eps=1e-5, max_position_embeddings=8192, hidden_act="silu", bos_token_id=0,
+        eos_token_id=0,
+    )
+
+
+def qwen3_config():
+    """Qwen3-0.6B's shape."""
+    return Qwen3Config(
+        num_hidden_layers=28, hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=40960, hidden_act="silu",
+        bos_token_id=151643, eos_token_id=151645,
+    )
+
+
+FAMILIES = {"gpt2": gpt2_config, "smollm2": smollm2_config, "qwen3": qwen3_config}
+MODEL_TYPES = {"gpt2": "gpt2", "smollm2": "llama", "qwen3": "qwen3"}  # config.json's model_type
+
+
+def random_model(family, seed, layers=None):
+    """The family's model with random weights from `seed`, float32; `layers` overrides the depth."""
+    config = FAMILIES[family]()
+    if layers is not None:
+        config.num_hidden_layers = layers  # n_layer for GPT-2 (an alias)
+        if getattr(config, "layer_types", None) is not None:
+            config.layer_types = config.layer_types[:layers]
     torch.manual_seed(seed)
-    config = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257)
-    GPT2LMHeadModel(config).save_pretrained(directory)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def prompt_ids(batch, length, vocab):
@@ -33,7 +75,7 @@ def prompt_ids(batch, length, vocab):
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def timed_generate(model, ids, new_tokens):
+def timed_generate(model, ids, new_tokens, pad):
     start = time.perf_counter()
     model.generate(
         ids,
@@ -41,36 +83,55 @@ def timed_generate(model, ids, new_tokens):
         max_new_tokens=new_tokens,
         min_new_tokens=new_tokens,
         do_sample=False,
-        pad_token_id=model.config.eos_token_id,
+        pad_token_id=pad,
     )
     return time.perf_counter() - start
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--save", help="write a random GPT-2-small to this directory and exit")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--family", choices=sorted(FAMILIES),
+                        help="shape of the random model to build (default gpt2); with --model, only the label")
+    parser.add_argument("--layers", type=int, help="override the family's layer count (quick checks)")
+    parser.add_argument("--save", metavar="DIR", help="write the random model of --family to DIR and exit")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model")
+    parser.add_argument("--model", metavar="DIR", help="time this save_pretrained directory instead")
     parser.add_argument("--batch", default="1,8")
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    if args.model and (args.save or args.layers is not None):
+        parser.error("--model loads a directory as it is: no --save or --layers with it")
+    if args.layers is not None and args.layers < 1:
+        parser.error("--layers must be at least 1")
     if args.save:
-        save(args.save, args.seed)
+        random_model(args.family or "gpt2", args.seed, args.layers).save_pretrained(args.save)
         return
     torch.set_num_threads(args.threads)
-    model = GPT2LMHeadModel.from_pretrained(args.model).eval()
+    if args.model:
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        model_type = AutoConfig.from_pretrained(args.model).model_type
+        if args.family and MODEL_TYPES[args.family] != model_type:
+            parser.error(f"--family {args.family} is model_type {MODEL_TYPES[args.family]}, {args.model} holds {model_type}")
+        family = args.family or model_type
+    else:
+        family = args.family or "gpt2"
+        model = random_model(family, args.seed, args.layers)
+    model.eval()
+    eos = model.config.eos_token_id
+    pad = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
     with torch.inference_mode():
         for batch in [int(b) for b in args.batch.split(",")]:
             ids = prompt_ids(batch, args.prompt, model.config.vocab_size)
-            timed_generate(model, ids, 2)  # warm-up
-            prefill = sorted(timed_generate(model, ids, 1) for _ in range(args.repeats))
-            total = sorted(timed_generate(model, ids, args.new) for _ in range(args.repeats))
+            timed_generate(model, ids, 2, pad)  # warm-up
+            prefill = sorted(timed_generate(model, ids, 1, pad) for _ in range(args.repeats))
+            total = sorted(timed_generate(model, ids, args.new, pad) for _ in range(args.repeats))
             prefill_s, total_s = statistics.median(prefill), statistics.median(total)
             print(json.dumps({
                 "impl": "transformers",
+                "family": family,
                 "torch": torch.__version__,
                 "batch": batch,
                 "prompt": args.prompt,
