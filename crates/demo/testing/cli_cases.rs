@@ -362,7 +362,7 @@ pub fn apply_errors_are_one_line_and_write_nothing(bin: &str) {
             &llama,
             "4",
             &llama,
-            &["--scale", "-1"],
+            &["--scale=-1"],
             "`scale` must be finite and positive, got -1",
         ),
     ];

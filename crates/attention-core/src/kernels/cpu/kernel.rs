@@ -411,8 +411,10 @@ pub fn forward<E: KernelFloat>(inputs: Inputs<E>) -> Forward<E> {
         };
     }
     let blocks = dims.batch * dims.queries.div_ceil(QUERY_BLOCK);
-    if blocks < rayon::current_num_threads() && dims.kv_heads > 1 && dims.queries <= QUERY_BLOCK {
-        forward_by_head(&inputs, &mut output, &mut log_sum_exp);
+    let threads = rayon::current_num_threads();
+    let splits = kv_splits(&dims, threads);
+    if blocks < threads && dims.queries <= QUERY_BLOCK && (dims.kv_heads > 1 || splits > 1) {
+        forward_by_head(&inputs, splits, &mut output, &mut log_sum_exp);
         return Forward {
             output,
             log_sum_exp,
@@ -447,51 +449,107 @@ pub fn forward<E: KernelFloat>(inputs: Inputs<E>) -> Forward<E> {
     }
 }
 
+/// How many tasks share the keys of one (sequence, key/value head) pair when decoding: one while
+/// the pairs alone give every thread work, else enough for about two tasks per thread, each
+/// with at least one key block (flash-decoding's split of the cached length). A function of the
+/// shape and the thread count only, so results are reproducible for a given pool.
+fn kv_splits(dims: &Dims, threads: usize) -> usize {
+    let pairs = dims.batch * dims.kv_heads;
+    if pairs >= threads {
+        1
+    } else {
+        (2 * threads)
+            .div_ceil(pairs)
+            .min(dims.keys.div_ceil(KEY_BLOCK))
+            .max(1)
+    }
+}
+
 /// [`forward`] for fewer blocks of queries than threads, each sequence's queries one block
-/// (decoding a token, a short prompt): one task per (sequence, key/value head), so that the
-/// threads share the reading of long keys and values. Each task fills the group's columns of a
-/// scratch `[queries, heads, head_dim]` of its own, copied into place afterwards.
+/// (decoding a token, a short prompt): one task per (sequence, key/value head) and per split of
+/// its keys (`splits` stretches of whole key blocks), so that the threads share the reading of
+/// long keys and values even at batch 1. Each task fills the group's columns of a scratch
+/// `[queries, heads, head_dim]` of its own; a pair's splits are then combined by their
+/// log-sum-exps (the sinks join there), and put in place.
 ///
 /// # Shapes
 /// - `output`: `[batch, queries, heads, head_dim]`, zeros; `log_sum_exp`: `[batch, queries,
 ///   heads]`, `-inf`
-fn forward_by_head<E: KernelFloat>(inputs: &Inputs<E>, output: &mut [E], log_sum_exp: &mut [E]) {
+fn forward_by_head<E: KernelFloat>(
+    inputs: &Inputs<E>,
+    splits: usize,
+    output: &mut [E],
+    log_sum_exp: &mut [E],
+) {
     let dims = inputs.dims;
     let (width, group) = (dims.width(), dims.group());
-    let parts: Vec<(Vec<E>, Vec<E>)> = (0..dims.batch * dims.kv_heads)
+    let blocks_per_split = dims.keys.div_ceil(KEY_BLOCK).div_ceil(splits).max(1);
+    let parts: Vec<(Vec<E>, Vec<E>)> = (0..dims.batch * dims.kv_heads * splits)
         .into_par_iter()
         .map(|task| {
-            let (batch, kv_head) = (task / dims.kv_heads, task % dims.kv_heads);
+            let (pair, split) = (task / splits, task % splits);
+            let (batch, kv_head) = (pair / dims.kv_heads, pair % dims.kv_heads);
+            let first_key = (split * blocks_per_split * KEY_BLOCK).min(dims.keys);
+            let keys = first_key..(first_key + blocks_per_split * KEY_BLOCK).min(dims.keys);
             let mut part_output = vec![E::zero(); dims.queries * width];
             let mut part_log_sum_exp = vec![E::neg_infinity(); dims.queries * dims.heads];
-            let heads = kv_head..kv_head + 1;
-            forward_block(
+            forward_block_over(
                 inputs,
                 batch,
                 0,
-                heads,
+                kv_head..kv_head + 1,
+                keys,
+                splits == 1,
                 &mut part_output,
                 &mut part_log_sum_exp,
             );
             (part_output, part_log_sum_exp)
         })
         .collect();
-    for (task, (part_output, part_log_sum_exp)) in parts.into_iter().enumerate() {
-        let (batch, kv_head) = (task / dims.kv_heads, task % dims.kv_heads);
-        let columns = kv_head * group * dims.head_dim..(kv_head + 1) * group * dims.head_dim;
-        let heads = kv_head * group..(kv_head + 1) * group;
+    for (pair, parts) in parts.chunks(splits).enumerate() {
+        let (batch, kv_head) = (pair / dims.kv_heads, pair % dims.kv_heads);
         let rows = batch * dims.queries..(batch + 1) * dims.queries;
-        for (row, part) in output[rows.start * width..rows.end * width]
-            .chunks_mut(width)
-            .zip(part_output.chunks(width))
-        {
-            row[columns.clone()].copy_from_slice(&part[columns.clone()]);
-        }
-        for (row, part) in log_sum_exp[rows.start * dims.heads..rows.end * dims.heads]
-            .chunks_mut(dims.heads)
-            .zip(part_log_sum_exp.chunks(dims.heads))
-        {
-            row[heads.clone()].copy_from_slice(&part[heads.clone()]);
+        let output = &mut output[rows.start * width..rows.end * width];
+        let log_sum_exp = &mut log_sum_exp[rows.start * dims.heads..rows.end * dims.heads];
+        for head in kv_head * group..(kv_head + 1) * group {
+            for query in 0..dims.queries {
+                let at = query * dims.heads + head;
+                // The head's features at this query, in `output` and in each part's.
+                let span = query * width + head * dims.head_dim
+                    ..query * width + (head + 1) * dims.head_dim;
+                let out = &mut output[span.clone()];
+                if splits == 1 {
+                    out.copy_from_slice(&parts[0].0[span]);
+                    log_sum_exp[at] = parts[0].1[at];
+                    continue;
+                }
+                let sink = inputs.scoring.sinks.map(|sinks| sinks[head]);
+                let max = parts
+                    .iter()
+                    .map(|(_, part_log_sum_exp)| part_log_sum_exp[at])
+                    .chain(sink)
+                    .fold(E::neg_infinity(), E::max);
+                if max == E::neg_infinity() {
+                    continue; // every key masked, no sink: zeros and -inf, as they are
+                }
+                // Each split's output is normalized over its own keys: weigh it by its share of
+                // the whole denominator.
+                let shares: Vec<E> = parts
+                    .iter()
+                    .map(|(_, part_log_sum_exp)| (part_log_sum_exp[at] - max).exp())
+                    .collect();
+                let sum = shares.iter().fold(E::zero(), |sum, &share| sum + share)
+                    + sink.map_or(E::zero(), |sink| (sink - max).exp());
+                for (share, (part_output, _)) in shares.iter().zip(parts) {
+                    let weight = *share / sum;
+                    if weight != E::zero() {
+                        for (o, &p) in out.iter_mut().zip(&part_output[span.clone()]) {
+                            *o = *o + weight * p;
+                        }
+                    }
+                }
+                log_sum_exp[at] = max + sum.ln();
+            }
         }
     }
 }
@@ -507,6 +565,32 @@ fn forward_block<E: KernelFloat>(
     batch: usize,
     first_query: usize,
     kv_heads: std::ops::Range<usize>,
+    output: &mut [E],
+    log_sum_exp: &mut [E],
+) {
+    let keys = 0..inputs.dims.keys;
+    forward_block_over(
+        inputs,
+        batch,
+        first_query,
+        kv_heads,
+        keys,
+        true,
+        output,
+        log_sum_exp,
+    );
+}
+
+/// [`forward_block`] over the keys in `keys` only, the sinks left out unless `with_sinks`: a
+/// split's share of a decoding step, normalized over its own keys.
+#[allow(clippy::too_many_arguments)]
+fn forward_block_over<E: KernelFloat>(
+    inputs: &Inputs<E>,
+    batch: usize,
+    first_query: usize,
+    kv_heads: std::ops::Range<usize>,
+    keys: std::ops::Range<usize>,
+    with_sinks: bool,
     output: &mut [E],
     log_sum_exp: &mut [E],
 ) {
@@ -537,7 +621,8 @@ fn forward_block<E: KernelFloat>(
             let (row_max, row_sum) = (&mut row_max[..stacked], &mut row_sum[..stacked]);
             row_max.fill(E::neg_infinity());
             row_sum.fill(E::zero());
-            let visible = dims.first_visible_key(part.start)..dims.visible_keys(part.end);
+            let visible = dims.first_visible_key(part.start).max(keys.start)
+                ..dims.visible_keys(part.end).min(keys.end);
             for start in visible.clone().step_by(KEY_BLOCK) {
                 let cols = start..(start + KEY_BLOCK).min(visible.end);
                 let mut scores = block_matrix(&mut scores_buffer, stacked, cols.len());
@@ -571,7 +656,11 @@ fn forward_block<E: KernelFloat>(
             let local = part.start - first_query;
             for (r, mut out_row) in out.rows_mut().into_iter().enumerate() {
                 let (position, head) = (local + r / group, first_head + r % group);
-                let sink = inputs.scoring.sinks.map(|sinks| sinks[head]);
+                let sink = inputs
+                    .scoring
+                    .sinks
+                    .filter(|_| with_sinks)
+                    .map(|sinks| sinks[head]);
                 // The denominator, shifted by `max`, and the factor that moves the row's sum
                 // (and output) from its own shift `row_max` to `max`.
                 let (max, shift) = match sink {
@@ -1106,6 +1195,33 @@ mod tests {
             error < output_tolerance,
             "{precision} output off by {error}, {dims:?}"
         );
+        // Decoding with the keys split across tasks (combined by their log-sum-exps) gives the
+        // unsplit kernel's output to 1e-6 of its scale, and its log-sum-exp.
+        if dims.queries <= QUERY_BLOCK {
+            let scale = widen(&forward.output)
+                .iter()
+                .fold(1.0f64, |max, x| max.max(x.abs()));
+            for splits in [1, 2, 3] {
+                let mut output = vec![E::zero(); dims.query_len()];
+                let mut log_sum_exp =
+                    vec![E::neg_infinity(); dims.batch * dims.queries * dims.heads];
+                forward_by_head(&inputs, splits, &mut output, &mut log_sum_exp);
+                let error = max_error(&widen(&output), &widen(&forward.output)) / scale;
+                assert!(
+                    error < 1e-6,
+                    "{precision} {splits} splits: output off by {error} of its scale, {dims:?}"
+                );
+                let found = widen(&log_sum_exp);
+                let unsplit = widen(&forward.log_sum_exp);
+                for (found, unsplit) in found.iter().zip(&unsplit) {
+                    let same = found == unsplit || (found - unsplit).abs() < 1e-6 * unsplit.abs();
+                    assert!(
+                        same,
+                        "{precision} {splits} splits: log-sum-exp {found} vs {unsplit}"
+                    );
+                }
+            }
+        }
         // One task per (sequence, key/value head), and the keys of each dealt to three.
         for splits in [1, 3] {
             let grads = backward_in_splits(inputs, &forward, &output_grad, splits);
@@ -1163,6 +1279,19 @@ mod tests {
     fn matches_the_formula_for_queries_after_cached_keys() {
         check(dims(1, 2, 1, 150, 4), None); // one decoding step
         check(dims(2, 1, 70, 300, 4), None);
+        // Decoding over 6 key blocks with one key/value head: split across tasks.
+        let multi_query = Dims {
+            kv_heads: 1,
+            ..dims(1, 4, 3, 700, 8)
+        };
+        check(multi_query, None);
+        check(
+            Dims {
+                window: Some(300),
+                ..multi_query
+            },
+            Some((0..700).map(|j| j < 5).collect()),
+        );
     }
 
     #[test]
@@ -1261,6 +1390,19 @@ mod tests {
     }
 
     #[test]
+    fn decoding_splits_the_keys_only_when_the_pairs_leave_threads_idle() {
+        let decode = |kv_heads, keys| Dims {
+            kv_heads,
+            ..dims(1, 12, 1, keys, 64)
+        };
+        assert_eq!(kv_splits(&decode(12, 16384), 2), 1); // 12 pairs for 2 threads
+        assert_eq!(kv_splits(&decode(1, 16384), 2), 4); // about two tasks per thread
+        assert_eq!(kv_splits(&decode(3, 16384), 8), 6);
+        assert_eq!(kv_splits(&decode(1, 100), 8), 1); // one key block
+        assert_eq!(kv_splits(&decode(1, 300), 8), 3); // a block per split at least
+    }
+
+    #[test]
     fn keys_are_split_only_when_the_pairs_leave_threads_idle() {
         let base = dims(1, 12, 4096, 4096, 64);
         assert_eq!(key_splits(&base, 2), 1); // 12 pairs for 2 threads
@@ -1339,7 +1481,7 @@ mod tests {
                 vec![f32::NEG_INFINITY; dims.batch * dims.queries * dims.heads],
             ];
             let [output, log_sum_exp] = &mut by_head;
-            forward_by_head(&inputs, output, log_sum_exp);
+            forward_by_head(&inputs, 1, output, log_sum_exp);
             let mut by_block = [
                 vec![0.0; dims.query_len()],
                 vec![f32::NEG_INFINITY; dims.batch * dims.queries * dims.heads],
