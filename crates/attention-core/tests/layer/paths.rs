@@ -6,14 +6,13 @@ use crate::common;
 
 use attention_backends::cases_on;
 use attention_core::mask::causal_mask;
-use attention_core::weights::{AttentionParams, WeightsLayout};
 use attention_core::{AttentionInput, AttentionPath, MultiHeadAttentionConfig};
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::Bool;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use common::{on_path, randn, seeded_layer};
+use common::{on_path, output_and_gradients, randn, seeded_layer};
 
 const TOL: f64 = 1e-5;
 
@@ -297,16 +296,7 @@ fn fused_gradients_equal_explicit<B: Backend>(device: &B::Device) {
             if let Some(padding) = &padding {
                 input = input.key_padding(padding.clone());
             }
-            let y = layer.forward_with(input).unwrap();
-            let grads = (y.clone() * r.clone()).sum().backward();
-            let mut tensors = vec![
-                ("y".to_string(), y.into_data()),
-                ("grad.x".to_string(), x.grad(&grads).unwrap().into_data()),
-            ];
-            tensors.extend(
-                AttentionParams::grads_of(&layer, &grads).to_state_dict(WeightsLayout::Chapter),
-            );
-            tensors
+            output_and_gradients(&layer, input, &x, r.clone())
         };
         for ((name, fused), (_, explicit)) in run(AttentionPath::Fused)
             .into_iter()

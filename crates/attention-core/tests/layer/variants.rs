@@ -21,7 +21,7 @@ use burn::backend::Autodiff;
 use burn::module::Param;
 use burn::nn::Linear;
 use burn::prelude::*;
-use common::{on_path, randn, seeded_layer};
+use common::{on_path, output_and_gradients, randn, seeded_layer};
 
 const PATHS: [AttentionPath; 2] = [AttentionPath::Explicit, AttentionPath::Fused];
 
@@ -387,18 +387,8 @@ fn variant_gradients_fused_equal_explicit<B: Backend>(device: &B::Device) {
         let x = randn::<Autodiff<B>, 3>([2, *seq, 10], 420 + i as u64, device).require_grad();
         let r = randn::<Autodiff<B>, 3>([2, *seq, 12], 430 + i as u64, device);
         let run = |path: AttentionPath| {
-            let y = layer
-                .forward_with(AttentionInput::new(x.clone()).path(path))
-                .unwrap();
-            let grads = (y.clone() * r.clone()).sum().backward();
-            let mut tensors = vec![
-                ("y".to_string(), y.into_data()),
-                ("grad.x".to_string(), x.grad(&grads).unwrap().into_data()),
-            ];
-            tensors.extend(
-                AttentionParams::grads_of(&layer, &grads).to_state_dict(WeightsLayout::Chapter),
-            );
-            tensors
+            let input = AttentionInput::new(x.clone()).path(path);
+            output_and_gradients(&layer, input, &x, r.clone())
         };
         let (fused, explicit) = (run(AttentionPath::Fused), run(AttentionPath::Explicit));
         let names: Vec<&str> = fused.iter().map(|(name, _)| name.as_str()).collect();

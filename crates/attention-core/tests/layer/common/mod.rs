@@ -83,3 +83,22 @@ pub fn on_path<B: Backend>(
         .forward_with(attention_core::AttentionInput::new(x).path(path))
         .unwrap()
 }
+
+/// `y = layer(input)`, `x`'s gradient and every parameter's (named as the chapter's state dict
+/// names them), for the loss `sum(y · r)`: what a path must give to equal another.
+pub fn output_and_gradients<B: burn::tensor::backend::AutodiffBackend>(
+    layer: &MultiHeadAttention<B>,
+    input: attention_core::AttentionInput<B>,
+    x: &Tensor<B, 3>,
+    r: Tensor<B, 3>,
+) -> Vec<(String, TensorData)> {
+    use attention_core::weights::{AttentionParams, WeightsLayout};
+    let y = layer.forward_with(input).unwrap();
+    let grads = (y.clone() * r).sum().backward();
+    let mut tensors = vec![
+        ("y".to_string(), y.into_data()),
+        ("grad.x".to_string(), x.grad(&grads).unwrap().into_data()),
+    ];
+    tensors.extend(AttentionParams::grads_of(layer, &grads).to_state_dict(WeightsLayout::Chapter));
+    tensors
+}
