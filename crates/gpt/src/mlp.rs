@@ -4,7 +4,7 @@
 
 use burn::nn::Linear;
 use burn::prelude::*;
-use burn::tensor::activation::{gelu, gelu_approximate, silu};
+use burn::tensor::activation::{gelu, sigmoid, silu};
 
 /// An MLP's nonlinearity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,10 +27,26 @@ impl Activation {
     pub fn forward<B: Backend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D> {
         match self {
             Self::Gelu => gelu(x),
-            Self::GeluTanh => gelu_approximate(x),
+            Self::GeluTanh => gelu_tanh(x),
             Self::Silu => silu(x),
         }
     }
+}
+
+/// `0.5 x (1 + tanh(u))`, `u = √(2/π) (x + 0.044715 x³)`, computed as the same function
+/// `x σ(2u)` with `x · x · x`: Burn's `gelu_approximate` takes `powf` and `tanh`, which the CPU
+/// backends compute element by element through libm's `powf` and `tanhf` (with `expm1f`), about
+/// a fifth of GPT-2 small's prefill on flex (BENCHMARKS.md); burn-flex's `sigmoid` is one `expf`.
+///
+/// # Shapes
+/// - `x`, output: any shape
+fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    // 2 √(2/π)
+    const TWO_SQRT_2_OVER_PI: f64 =
+        2.0 * core::f64::consts::FRAC_2_SQRT_PI * core::f64::consts::FRAC_1_SQRT_2;
+    let cube = x.clone() * x.clone() * x.clone();
+    let twice_u = (x.clone() + cube * 0.044715) * TWO_SQRT_2_OVER_PI;
+    x * sigmoid(twice_u)
 }
 
 /// A block's feed-forward network.
@@ -106,5 +122,38 @@ impl<B: Backend> GatedMlp<B> {
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         let gated = self.activation.forward(self.gate.forward(x.clone())) * self.up.forward(x);
         self.down.forward(gated)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use attention_backends::{Flex, NdArray};
+    use burn::tensor::activation::gelu_approximate;
+
+    use super::*;
+
+    /// The tanh GELU as `x σ(2u)` is Burn's `gelu_approximate` to float32 rounding, from the
+    /// flat negative tail through 0 to large values, where both must stay finite.
+    fn gelu_tanh_is_burns<B: Backend>() {
+        let device = Default::default();
+        let mut values: Vec<f32> = (-400..=400).map(|i| i as f32 * 0.025).collect();
+        values.extend([-1e4, -60.0, -12.0, 12.0, 60.0, 1e4, 1e-20, -1e-20, 0.0]);
+        let x = Tensor::<B, 1>::from_data(TensorData::new(values.clone(), [values.len()]), &device);
+        let ours: Vec<f32> = gelu_tanh(x.clone()).into_data().to_vec().unwrap();
+        let burns: Vec<f32> = gelu_approximate(x).into_data().to_vec().unwrap();
+        for ((x, ours), burns) in values.iter().zip(&ours).zip(&burns) {
+            assert!(ours.is_finite(), "gelu_tanh({x}) = {ours}");
+            let error = (ours - burns).abs();
+            assert!(
+                error <= 2e-6 * burns.abs().max(1.0),
+                "gelu_tanh({x}): {ours} vs Burn's {burns}"
+            );
+        }
+    }
+
+    #[test]
+    fn gelu_tanh_is_burns_on_ndarray_and_flex() {
+        gelu_tanh_is_burns::<NdArray>();
+        gelu_tanh_is_burns::<Flex>();
     }
 }
