@@ -444,7 +444,7 @@ impl<B: Backend> MultiHeadAttention<B> {
             check_explicit_size([batch, self.num_heads, seq, seq])?;
         }
         let context = match route {
-            Route::CpuKernel => {
+            Route::CpuKernel | Route::GpuKernel => {
                 let [q, k, v] = self.project_side_by_side(x, &positions);
                 let context = kernels::attention(KernelInputs {
                     query: q,
@@ -586,7 +586,7 @@ impl<B: Backend> MultiHeadAttention<B> {
         // The cache keeps only the last positions: the padding of those this step sees.
         let seen_padding =
             |mask: Tensor<B, 2, Bool>, seen: usize| mask.narrow(1, past + new - seen, seen);
-        if route == Route::CpuKernel {
+        if route.is_kernel() {
             let [q, k, v] = self.project_side_by_side(x_new, &positions);
             let (storage, seen) = cache.append(NewKv::SideBySide { keys: k, values: v }, plan);
             let key_padding = key_padding.map(|mask| seen_padding(mask, seen.len()));
@@ -599,7 +599,9 @@ impl<B: Backend> MultiHeadAttention<B> {
                 key_padding,
                 scores: self.score_rule(),
             });
-            return Ok(self.output_layer.forward(context));
+            let output = self.output_layer.forward(context);
+            cache.settle()?;
+            return Ok(output);
         }
         let [q, k, v] = self.project(x_new, &positions, HeadLayout::Split);
         let (storage, seen) = cache.append(NewKv::Split { keys: k, values: v }, plan);

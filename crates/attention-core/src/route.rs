@@ -1,13 +1,17 @@
 //! Which code computes the attention core, decided once per call: the one place that maps an
 //! [`AttentionPath`], the backend and the kind of call to what runs.
 //!
-//! The backends with a kernel are listed in [`crate::kernels`] (ndarray and flex: the CPU kernel).
+//! The backends with a kernel are listed in [`crate::kernels`]: ndarray and flex have the CPU
+//! kernel; wgpu (Burn's fused `Wgpu` and the plain `CubeBackend`) the GPU kernel, with
+//! attention-core's `wgpu` feature.
 //!
 //! | call | backend | `Auto` | `Explicit` | `Fused` |
 //! |---|---|---|---|---|
 //! | [`forward_with`] | ndarray, flex (± `Autodiff`) | [`Route::CpuKernel`]¹ | [`Route::Explicit`] | [`Route::CpuKernel`] |
-//! | [`forward_with`] | others (wgpu) | [`Route::BurnOp`]² | [`Route::Explicit`] | [`Route::BurnOp`] |
+//! | [`forward_with`] | wgpu (± `Autodiff`) | [`Route::GpuKernel`]¹ | [`Route::Explicit`] | [`Route::GpuKernel`] |
+//! | [`forward_with`] | others | [`Route::BurnOp`]² | [`Route::Explicit`] | [`Route::BurnOp`] |
 //! | [`forward_cached_with`] | ndarray, flex | [`Route::CpuKernel`]³ | [`Route::Explicit`] | [`Route::CpuKernel`] |
+//! | [`forward_cached_with`] | wgpu | [`Route::GpuKernel`]³ | [`Route::Explicit`] | [`Route::GpuKernel`] |
 //! | [`forward_cached_with`] | others, `Autodiff` | [`Route::BurnOp`]⁴ | [`Route::Explicit`] | [`Route::BurnOp`] |
 //! | [`forward_traced`] | any | [`Route::Explicit`] | | |
 //!
@@ -15,12 +19,13 @@
 //!    applies dropout.
 //! 2. [`Route::Explicit`] under `Autodiff`: Burn 0.21 differentiates its attention op through the
 //!    same `O(T²)` composite, with an approximate division gradient on some backends.
-//! 3. The cache keeps its keys and values in host memory in the kernel's layout, which the
+//! 3. The cache keeps its keys and values in the kernel's layout (`[batch, len, kv_heads ·
+//!    head_dim]`; host memory for the CPU kernel, a device tensor for the GPU one), which the
 //!    kernel reads in place ([`KvCache`](crate::KvCache)).
 //! 4. The cache stores keys per head (`[batch, heads, len, head_dim]`), the layout Burn's op
 //!    reads. Under `Autodiff` the cache stays in tensors, through which gradients flow, even on
-//!    ndarray and flex; [`Route::Explicit`] under `Autodiff` for the reasons of 1, and of 2 on
-//!    backends other than ndarray and flex.
+//!    the kernels' backends; [`Route::Explicit`] under `Autodiff` for the reasons of 1, and of 2
+//!    on backends without a kernel.
 //!
 //! On a layer with sinks every [`Route::BurnOp`] of the table is [`Route::Explicit`]: Burn's op
 //! has no sinks. A scale or a soft-cap goes to Burn's op (on wgpu it then takes its `O(T²)`
@@ -43,6 +48,8 @@ pub(crate) enum Route {
     Explicit,
     /// This crate's CPU kernel ([`crate::kernels`]), on the projections' side-by-side heads.
     CpuKernel,
+    /// This crate's GPU kernel ([`crate::kernels`]), on the projections' side-by-side heads.
+    GpuKernel,
     /// Burn's fused `attention` op ([`crate::attend::fused`]).
     BurnOp,
 }
@@ -91,7 +98,15 @@ impl From<Kernel> for Route {
     fn from(kernel: Kernel) -> Self {
         match kernel {
             Kernel::Cpu => Route::CpuKernel,
+            Kernel::Gpu => Route::GpuKernel,
         }
+    }
+}
+
+impl Route {
+    /// Whether one of this crate's kernels computes the core.
+    pub(crate) fn is_kernel(self) -> bool {
+        matches!(self, Route::CpuKernel | Route::GpuKernel)
     }
 }
 
@@ -146,18 +161,25 @@ mod tests {
             Route::BurnOp
         );
         assert_eq!(route::<Ad>(Auto, Cached, true, false, false), Route::BurnOp);
-        type AdWgpu = Autodiff<burn::backend::Wgpu>;
+        // A backend without a kernel (ndarray with 32-bit ints is not in the list): Burn's op, or
+        // the explicit path under autodiff.
+        type Other = NdArray<f32, i32>;
+        type AdOther = Autodiff<Other>;
         assert_eq!(
-            route::<AdWgpu>(Auto, Full, true, false, false),
+            route::<AdOther>(Auto, Full, true, false, false),
             Route::Explicit
         );
         assert_eq!(
-            route::<AdWgpu>(Auto, Cached, true, false, false),
+            route::<AdOther>(Auto, Cached, true, false, false),
             Route::Explicit
         );
         assert_eq!(
-            route::<burn::backend::Wgpu>(Auto, Full, false, false, false),
+            route::<Other>(Auto, Full, false, false, false),
             Route::BurnOp
+        );
+        assert_eq!(
+            route::<Other>(Fused, Full, false, false, true),
+            Route::Explicit
         );
         // Sinks: the kernels have them, Burn's op has not.
         assert_eq!(
@@ -165,14 +187,48 @@ mod tests {
             Route::CpuKernel
         );
         assert_eq!(route::<Ad>(Auto, Full, true, false, true), Route::CpuKernel);
+    }
+
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn wgpu_takes_the_gpu_kernel() {
+        use AttentionPath::{Auto, Explicit, Fused};
+        use Call::{Cached, Full};
+        use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+        use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
         type Wgpu = burn::backend::Wgpu;
+        type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
         assert_eq!(
-            route::<Wgpu>(Fused, Full, false, false, true),
+            route::<Wgpu>(Auto, Full, false, false, false),
+            Route::GpuKernel
+        );
+        assert_eq!(
+            route::<Plain>(Fused, Full, false, false, true),
+            Route::GpuKernel
+        );
+        assert_eq!(
+            route::<Autodiff<Wgpu>>(Auto, Full, true, false, true),
+            Route::GpuKernel
+        );
+        assert_eq!(
+            route::<Autodiff<Plain, BalancedCheckpointing>>(Auto, Full, true, false, false),
+            Route::GpuKernel
+        );
+        assert_eq!(
+            route::<Autodiff<Wgpu>>(Auto, Full, true, true, false),
             Route::Explicit
         );
         assert_eq!(
             route::<Wgpu>(Auto, Cached, false, false, true),
+            Route::GpuKernel
+        );
+        assert_eq!(
+            route::<Plain>(Explicit, Cached, false, false, false),
             Route::Explicit
+        );
+        assert_eq!(
+            route::<Autodiff<Wgpu>>(Auto, Cached, true, false, false),
+            Route::BurnOp
         );
     }
 }

@@ -2,17 +2,22 @@
 //! specialization), bare and under `Autodiff` with either checkpointing strategy.
 
 use std::any::TypeId;
+use std::cell::Cell;
 
 use burn::prelude::*;
 
-use super::cpu;
+#[cfg(feature = "wgpu")]
+use super::gpu;
 use super::inputs::KernelInputs;
+use super::{CachedInputs, cpu};
 
 /// An attention kernel of this crate's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     /// The CPU kernel: FlashAttention-2's blocks on host memory, with its own backward.
     Cpu,
+    /// The GPU kernel: FlashAttention-2's tiles in CubeCL, with its own backward.
+    Gpu,
 }
 
 impl Kernel {
@@ -33,6 +38,25 @@ impl Kernel {
     pub fn keeps_cache<B: Backend>() -> bool {
         entry::<B>().is_some_and(|entry| entry.keeps_cache)
     }
+
+    /// How many attention calls (whole sequences and decoding steps) this kernel has computed on
+    /// the calling thread: lets a test or a benchmark see which code ran (per thread, so that
+    /// tests running side by side do not count each other's calls).
+    pub fn calls(self) -> u64 {
+        CALLS.with(|calls| calls[self as usize].get())
+    }
+
+    pub(super) fn count_call(self) {
+        CALLS.with(|calls| {
+            let count = &calls[self as usize];
+            count.set(count.get() + 1);
+        });
+    }
+}
+
+thread_local! {
+    /// [`Kernel::calls`], by kernel.
+    static CALLS: [Cell<u64>; 2] = const { [Cell::new(0), Cell::new(0)] };
 }
 
 /// The backends the kernels run on, each with its kernel's module and [`Kernel`] variant:
@@ -45,14 +69,25 @@ macro_rules! for_each_kernel_backend {
         $action!(burn::backend::NdArray<f64>, cpu, Kernel::Cpu);
         #[cfg(feature = "flex")]
         $action!(burn::backend::Flex, cpu, Kernel::Cpu);
+        // Burn's default wgpu backend (fused) and the plain one.
+        #[cfg(feature = "wgpu")]
+        $action!(burn::backend::Wgpu, gpu, Kernel::Gpu);
+        #[cfg(feature = "wgpu")]
+        $action!(
+            burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>,
+            gpu,
+            Kernel::Gpu
+        );
     };
 }
 
 /// How backend `B` reaches its kernel.
 pub(super) struct Entry<B: Backend> {
-    kernel: Kernel,
+    pub(super) kernel: Kernel,
     /// The kernel's forward pass on `B`, recording the kernel's backward under `Autodiff`.
     pub(super) forward: fn(KernelInputs<B>) -> Tensor<B, 3>,
+    /// A decoding step over a cache in the kernel's storage (bare backends only).
+    pub(super) cached: fn(CachedInputs<'_, B>) -> Tensor<B, 3>,
     /// Whether `B` is a bare backend, whose cache the kernel keeps in its own storage.
     keeps_cache: bool,
 }
@@ -67,7 +102,8 @@ pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
             if id == TypeId::of::<$inner>() {
                 return Some(Entry {
                     kernel: $kernel,
-                    forward: $module::forward::<B>,
+                    forward: $module::forward::<B, $inner>,
+                    cached: $module::cached::<B, $inner>,
                     keeps_cache: true,
                 });
             }
@@ -75,6 +111,7 @@ pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
                 return Some(Entry {
                     kernel: $kernel,
                     forward: $module::on_autodiff::<B, $inner, NoCheckpointing>,
+                    cached: uncached::<B>,
                     keeps_cache: false,
                 });
             }
@@ -82,6 +119,7 @@ pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
                 return Some(Entry {
                     kernel: $kernel,
                     forward: $module::on_autodiff::<B, $inner, BalancedCheckpointing>,
+                    cached: uncached::<B>,
                     keeps_cache: false,
                 });
             }
@@ -89,4 +127,10 @@ pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
     }
     for_each_kernel_backend!(recognise);
     None
+}
+
+/// The `cached` entry of a backend that keeps no cache of a kernel's (`Autodiff`: the route
+/// never asks it).
+fn uncached<B: Backend>(_: CachedInputs<'_, B>) -> Tensor<B, 3> {
+    unreachable!("under Autodiff the cache stays in tensors")
 }

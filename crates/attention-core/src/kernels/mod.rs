@@ -6,17 +6,19 @@
 //! | kernel | module | backends (attention-core's cargo feature) |
 //! |---|---|---|
 //! | [`Kernel::Cpu`] | `cpu/` | burn-ndarray `f32` and `f64` (`ndarray`), burn-flex (`flex`) |
+//! | [`Kernel::Gpu`] | `gpu/` | Burn's `Wgpu` (fused) and its plain `CubeBackend` (`wgpu`) |
 //!
 //! Each backend is recognised bare and under `Autodiff` with either checkpointing strategy (Burn
 //! has no specialization, so by `TypeId`, here and nowhere else). Every other backend keeps
 //! Burn's own attention op or the explicit path ([`crate::route`]).
 //!
 //! - Adding a backend to a kernel: one line of the list in `backends.rs`.
-//! - Adding a kernel: a module with the same three entry points as `cpu` (`forward` on the bare
-//!   backend, `on_autodiff` recording its own backward, `cached` over its own cache storage), a
-//!   [`Kernel`] variant, a [`KvStorage`] variant for its cache (`storage.rs`), and its lines in
-//!   the list in `backends.rs`.
+//! - Adding a kernel: a module with the same three entry points as `cpu` and `gpu` (`forward` on
+//!   the bare backend, `on_autodiff` recording its own backward, `cached` over its own cache
+//!   storage), a [`Kernel`] variant, a [`KvStorage`] variant for its cache (`storage.rs`), and its
+//!   lines in the list in `backends.rs`.
 
+use std::any::Any;
 use std::ops::Range;
 
 use burn::prelude::*;
@@ -31,6 +33,8 @@ mod backends;
 // under the default features).
 #[cfg_attr(not(any(feature = "ndarray", feature = "flex")), allow(unused))]
 pub(crate) mod cpu;
+#[cfg(feature = "wgpu")]
+mod gpu;
 mod inputs;
 mod storage;
 
@@ -52,6 +56,7 @@ pub(crate) fn attention<B: Backend>(inputs: KernelInputs<B>) -> Tensor<B, 3> {
             std::any::type_name::<B>()
         )
     });
+    entry.kernel.count_call();
     (entry.forward)(inputs)
 }
 
@@ -77,21 +82,19 @@ pub(crate) struct CachedInputs<'a, B: Backend> {
 /// - output: `[batch, queries, heads · head_dim]`
 ///
 /// # Panics
-/// When the cache is not in a kernel's storage (the route asks [`Kernel::keeps_cache`] first,
-/// and the cache moves into the kernel's storage when the step is appended).
+/// When the cache is not in the storage of `B`'s kernel (the route asks [`Kernel::keeps_cache`]
+/// first, and the cache moves into the kernel's storage when the step is appended).
 pub(crate) fn cached_attention<B: Backend>(inputs: CachedInputs<'_, B>) -> Tensor<B, 3> {
-    match inputs.cache {
-        KvStorage::CpuHost(storage) => cpu::cached(cpu::CachedStep {
-            query: inputs.query,
-            cache: storage,
-            seen: inputs.seen,
-            heads: inputs.heads,
-            window: inputs.window,
-            key_padding: inputs.key_padding,
-            scores: inputs.scores,
-        }),
-        KvStorage::Tensors { .. } => {
-            unreachable!("a kernel step is appended to the kernel's storage")
-        }
-    }
+    let entry = backends::entry::<B>()
+        .filter(|_| Kernel::keeps_cache::<B>())
+        .expect("the route checked that B's kernel keeps the cache");
+    entry.kernel.count_call();
+    (entry.cached)(inputs)
+}
+
+/// `value` as the type it is known (by its `TypeId`) to be.
+fn same_type<T: 'static, U: 'static>(value: T) -> U {
+    *(Box::new(value) as Box<dyn Any>)
+        .downcast::<U>()
+        .expect("the caller checked the type")
 }

@@ -16,6 +16,8 @@ use crate::error::AttentionError;
 /// - `Tensors`: keys, values `[batch, kv_heads, allocated, head_dim]`, the layout of Burn's
 ///   attention op and the explicit path
 /// - `CpuHost`: host memory in the CPU kernel's layout, `[batch, allocated, kv_heads · head_dim]`
+/// - `Device`: device tensors in the GPU kernel's layout, keys, values `[batch, allocated,
+///   kv_heads · head_dim]`
 #[derive(Debug, Clone)]
 pub(crate) enum KvStorage<B: Backend> {
     Tensors {
@@ -23,6 +25,10 @@ pub(crate) enum KvStorage<B: Backend> {
         values: Tensor<B, 4>,
     },
     CpuHost(HostStorage),
+    Device {
+        keys: Tensor<B, 3>,
+        values: Tensor<B, 3>,
+    },
 }
 
 /// A step's new keys and values, in the layout of the path that made them; it decides where the
@@ -64,6 +70,7 @@ impl<B: Backend> NewKv<B> {
 enum Kind {
     Tensors,
     CpuHost,
+    Device,
 }
 
 impl<B: Backend> KvStorage<B> {
@@ -71,6 +78,7 @@ impl<B: Backend> KvStorage<B> {
         match self {
             Self::Tensors { .. } => Kind::Tensors,
             Self::CpuHost(_) => Kind::CpuHost,
+            Self::Device { .. } => Kind::Device,
         }
     }
 
@@ -79,6 +87,7 @@ impl<B: Backend> KvStorage<B> {
         match self {
             Self::Tensors { keys, .. } => keys.dims()[0],
             Self::CpuHost(host) => host.batch(),
+            Self::Device { keys, .. } => keys.dims()[0],
         }
     }
 
@@ -87,6 +96,7 @@ impl<B: Backend> KvStorage<B> {
         match self {
             Self::Tensors { keys, .. } => keys.dims()[2],
             Self::CpuHost(host) => host.allocated(),
+            Self::Device { keys, .. } => keys.dims()[1],
         }
     }
 
@@ -105,6 +115,7 @@ impl<B: Backend> KvStorage<B> {
             NewKv::Split { .. } => Kind::Tensors,
             NewKv::SideBySide { .. } => match Kernel::of::<B>() {
                 Some(Kernel::Cpu) => Kind::CpuHost,
+                Some(Kernel::Gpu) => Kind::Device,
                 None => unreachable!("side-by-side keys are stored for a kernel"),
             },
         };
@@ -130,22 +141,50 @@ impl<B: Backend> KvStorage<B> {
                     }
                 }
                 Kind::CpuHost => Self::CpuHost(HostStorage::zeros(dtype, batch, allocate, row)),
+                Kind::Device => {
+                    let zeros = || Tensor::zeros([batch, allocate, row], (&device, dtype));
+                    Self::Device {
+                        keys: zeros(),
+                        values: zeros(),
+                    }
+                }
             },
         }
     }
 
-    /// The same keys and values in storage of kind `kind`.
+    /// The same keys and values in storage of kind `kind` (through tensor storage, the one
+    /// layout every kind converts to and from).
     fn into_kind(self, kind: Kind, kv_heads: usize, device: &B::Device) -> Self {
         if self.kind() == kind {
             return self;
         }
-        match self {
-            Self::Tensors { keys, values } => {
-                Self::CpuHost(HostStorage::from_tensors(keys, values))
+        let (keys, values) = match self {
+            Self::Tensors { keys, values } => (keys, values),
+            Self::CpuHost(host) => host.into_tensors(kv_heads, device),
+            Self::Device { keys, values } => {
+                let split = |tensor: Tensor<B, 3>| {
+                    let [batch, allocated, row] = tensor.dims();
+                    tensor
+                        .reshape([batch, allocated, kv_heads, row / kv_heads])
+                        .swap_dims(1, 2)
+                };
+                (split(keys), split(values))
             }
-            Self::CpuHost(host) => {
-                let (keys, values) = host.into_tensors(kv_heads, device);
-                Self::Tensors { keys, values }
+        };
+        match kind {
+            Kind::Tensors => Self::Tensors { keys, values },
+            Kind::CpuHost => Self::CpuHost(HostStorage::from_tensors(keys, values)),
+            Kind::Device => {
+                let side_by_side = |tensor: Tensor<B, 4>| {
+                    let [batch, heads, allocated, head_dim] = tensor.dims();
+                    tensor
+                        .swap_dims(1, 2)
+                        .reshape([batch, allocated, heads * head_dim])
+                };
+                Self::Device {
+                    keys: side_by_side(keys),
+                    values: side_by_side(values),
+                }
             }
         }
     }
@@ -171,6 +210,24 @@ impl<B: Backend> KvStorage<B> {
                 }
             }
             Self::CpuHost(host) => Self::CpuHost(host.moved(allocate, carried)),
+            Self::Device { keys, values } => {
+                let move_one = |old: Tensor<B, 3>| {
+                    let [batch, _, row] = old.dims();
+                    let storage =
+                        Tensor::zeros([batch, allocate, row], (&old.device(), old.dtype()));
+                    if carried.is_empty() {
+                        return storage;
+                    }
+                    storage.slice_assign(
+                        [0..batch, 0..carried.len(), 0..row],
+                        old.narrow(1, carried.start, carried.len()),
+                    )
+                };
+                Self::Device {
+                    keys: move_one(keys),
+                    values: move_one(values),
+                }
+            }
         }
     }
 
@@ -183,11 +240,8 @@ impl<B: Backend> KvStorage<B> {
     /// and for host storage.
     pub(crate) fn settle(&self) -> Result<(), AttentionError> {
         match self {
-            Self::Tensors { keys, .. } => {
-                B::sync(&keys.device()).map_err(|error| AttentionError::Device {
-                    reason: error.to_string(),
-                })
-            }
+            Self::Tensors { keys, .. } => sync::<B>(&keys.device()),
+            Self::Device { keys, .. } => sync::<B>(&keys.device()),
             Self::CpuHost(_) => Ok(()),
         }
     }
@@ -207,6 +261,14 @@ impl<B: Backend> KvStorage<B> {
                 host.write(at, keys, values);
                 Self::CpuHost(host)
             }
+            (Self::Device { keys, values }, NewKv::SideBySide { keys: k, values: v }) => {
+                let [batch, new, row] = k.dims();
+                let slots = [0..batch, at..at + new, 0..row];
+                Self::Device {
+                    keys: keys.slice_assign(slots.clone(), k),
+                    values: values.slice_assign(slots, v),
+                }
+            }
             _ => unreachable!("the storage was prepared for this step's layout"),
         }
     }
@@ -221,7 +283,16 @@ impl<B: Backend> KvStorage<B> {
                 let view = |tensor: &Tensor<B, 4>| tensor.clone().narrow(2, seen.start, seen.len());
                 (view(keys), view(values))
             }
-            Self::CpuHost(_) => unreachable!("a tensor step is appended to tensor storage"),
+            Self::CpuHost(_) | Self::Device { .. } => {
+                unreachable!("a tensor step is appended to tensor storage")
+            }
         }
     }
+}
+
+/// Waits for `device` to run what is queued.
+fn sync<B: Backend>(device: &B::Device) -> Result<(), AttentionError> {
+    B::sync(device).map_err(|error| AttentionError::Device {
+        reason: error.to_string(),
+    })
 }

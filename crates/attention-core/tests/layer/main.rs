@@ -11,10 +11,14 @@
 //! - `variants`: q/k norms (per head, over the width, `1 + w`) and partial rotary embeddings, on
 //!   every path, alone and combined.
 //! - `errors`: bad input is an error value naming what was wrong.
+//! - `gpu_kernel`: the GPU kernel on wgpu, forward, backward and cached, against the explicit
+//!   path.
 
 mod common;
 mod errors;
 mod gpt2;
+#[cfg(feature = "wgpu")]
+mod gpu_kernel;
 mod hugging_face;
 mod modern;
 mod parity;

@@ -451,11 +451,12 @@ fn every_backend_of_the_binaries_has_the_kernel_the_kernel_list_gives_it() {
         let (found, expected) = match backend {
             BackendName::Ndarray => (kernels::<NdArray>(), Some(Kernel::Cpu)),
             BackendName::Flex => (kernels::<Flex>(), Some(Kernel::Cpu)),
-            BackendName::Wgpu => (kernels::<Wgpu>(), None),
+            BackendName::Wgpu => (kernels::<Wgpu>(), Some(Kernel::Gpu)),
         };
         assert_eq!(found, [expected; 3], "{}", backend.name());
     }
     // Only a bare backend keeps a decoding cache in its kernel's storage.
     assert!(Kernel::keeps_cache::<NdArray>() && Kernel::keeps_cache::<Flex>());
-    assert!(!Kernel::keeps_cache::<Autodiff<Flex>>() && !Kernel::keeps_cache::<Wgpu>());
+    assert!(Kernel::keeps_cache::<Wgpu>());
+    assert!(!Kernel::keeps_cache::<Autodiff<Flex>>() && !Kernel::keeps_cache::<Autodiff<Wgpu>>());
 }

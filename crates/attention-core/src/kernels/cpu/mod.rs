@@ -13,4 +13,4 @@ mod op;
 mod simd;
 
 pub(crate) use host_cache::HostStorage;
-pub(crate) use op::{CachedStep, cached, forward, on_autodiff};
+pub(crate) use op::{cached, forward, on_autodiff};

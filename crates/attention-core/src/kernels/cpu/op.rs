@@ -2,7 +2,6 @@
 //! graph node whose backward is the kernel's own (Burn would otherwise differentiate attention
 //! through its `O(T²)` composite). Which backends reach it is decided in [`crate::kernels`].
 
-use std::any::Any;
 use std::marker::PhantomData;
 use std::ops::Range;
 
@@ -19,16 +18,13 @@ use super::host_cache::{HostStorage, with_host_kv};
 use super::kernel::{self, Dims, Forward, Inputs, KernelFloat, Scoring};
 use crate::attend::{ScoreRule, scale_for};
 use crate::kernels::inputs::KernelInputs;
+use crate::kernels::{CachedInputs, KvStorage, same_type};
 
-/// `value` as the type it is known (by its `TypeId`) to be.
-fn same_type<T: 'static, U: 'static>(value: T) -> U {
-    *(Box::new(value) as Box<dyn Any>)
-        .downcast::<U>()
-        .expect("the caller checked the type")
-}
-
-/// The kernel's forward pass as a plain function of host data.
-pub(crate) fn forward<B: Backend>(inputs: KernelInputs<B>) -> Tensor<B, 3> {
+/// The kernel's forward pass as a plain function of host data (on any backend: `Bare`, which `B`
+/// is, is not needed).
+// `Bare`: the signature every kernel's entry has in the list of `kernels/backends.rs`.
+#[allow(clippy::extra_unused_type_parameters)]
+pub(crate) fn forward<B: Backend, Bare>(inputs: KernelInputs<B>) -> Tensor<B, 3> {
     fn run<B: Backend, E: HostFloat>(inputs: KernelInputs<B>) -> Tensor<B, 3> {
         let device = inputs.query.device();
         let host = Host::<E>::download(inputs);
@@ -285,6 +281,23 @@ impl<I: Backend, E: HostFloat, const N: usize> Backward<I, N> for FlashBackward<
     }
 }
 
+/// A decoding step over a cache in host memory (`Bare`, which `B` is, is not needed).
+#[allow(clippy::extra_unused_type_parameters)]
+pub(crate) fn cached<B: Backend, Bare>(inputs: CachedInputs<'_, B>) -> Tensor<B, 3> {
+    let KvStorage::CpuHost(cache) = inputs.cache else {
+        unreachable!("a CPU kernel step is appended to host storage")
+    };
+    cached_step(CachedStep {
+        query: inputs.query,
+        cache,
+        seen: inputs.seen,
+        heads: inputs.heads,
+        window: inputs.window,
+        key_padding: inputs.key_padding,
+        scores: inputs.scores,
+    })
+}
+
 /// A decoding step on the CPU kernel: the new queries, and the keys and values of a cache in
 /// host memory.
 ///
@@ -293,7 +306,7 @@ impl<I: Backend, E: HostFloat, const N: usize> Backward<I, N> for FlashBackward<
 /// - `cache`: `[batch, allocated, kv_heads · head_dim]`, slots `seen` seen by this step's
 ///   queries (the last of them the queries' own)
 /// - `key_padding`: `[batch, seen.len()]`, `true` = padding
-pub(crate) struct CachedStep<'a, B: Backend> {
+struct CachedStep<'a, B: Backend> {
     pub query: Tensor<B, 3>,
     pub cache: &'a HostStorage,
     pub seen: Range<usize>,
@@ -307,7 +320,7 @@ pub(crate) struct CachedStep<'a, B: Backend> {
 ///
 /// # Shapes
 /// - output: `[batch, queries, heads · head_dim]`
-pub(crate) fn cached<B: Backend>(inputs: CachedStep<'_, B>) -> Tensor<B, 3> {
+fn cached_step<B: Backend>(inputs: CachedStep<'_, B>) -> Tensor<B, 3> {
     let device = inputs.query.device();
     let [batch, queries, width] = inputs.query.dims();
     let query = inputs.query.into_data();

@@ -1,0 +1,160 @@
+//! [`FlashBackend`] on Burn's fusion backend (`Wgpu` is `Fusion<CubeBackend<…>>`).
+//!
+//! A fusion tensor is a handle to a value its stream has not necessarily computed yet, so the
+//! kernel cannot be launched on the spot: each call registers one custom operation in the
+//! stream (`OperationIr::Custom`, as burn-vision does for its own kernels), and the stream runs
+//! it on the inner backend's tensors, in order with the operations around it. The alternative —
+//! resolving the inputs to the inner backend's tensors and wrapping the outputs back — would
+//! flush the stream at every call.
+
+use std::marker::PhantomData;
+
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Shape};
+use burn_fusion::stream::{Operation, OperationStreams};
+use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
+use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
+
+use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors};
+
+impl<B: FusionBackend + FlashBackend> FlashBackend for Fusion<B> {
+    fn flash_forward(
+        tensors: FlashTensors<Self>,
+        sinks: Option<FloatTensor<Self>>,
+        call: FlashCall,
+    ) -> [FloatTensor<Self>; 2] {
+        let dtype = tensors.query.dtype;
+        let pass = Pass::Forward {
+            has_padding: tensors.key_padding.is_some(),
+            has_sinks: sinks.is_some(),
+        };
+        let inputs = inputs(tensors).chain(sinks).collect();
+        let outputs = [
+            (
+                Shape::new([call.batch, call.queries, call.heads * call.head_dim]),
+                dtype,
+            ),
+            (
+                Shape::new([call.batch, call.queries, call.heads]),
+                DType::F32,
+            ),
+        ];
+        registered::<B, 2>(pass, call, inputs, outputs)
+    }
+
+    fn flash_backward(
+        tensors: FlashTensors<Self>,
+        grads: FlashGradInputs<Self>,
+        call: FlashCall,
+    ) -> [FloatTensor<Self>; 3] {
+        let pass = Pass::Backward {
+            has_padding: tensors.key_padding.is_some(),
+        };
+        let shapes = [&tensors.query, &tensors.key, &tensors.value]
+            .map(|tensor| (tensor.shape.clone(), tensor.dtype));
+        let inputs = inputs(tensors)
+            .chain([grads.output_grad, grads.lse, grads.delta])
+            .collect();
+        registered::<B, 3>(pass, call, inputs, shapes)
+    }
+}
+
+/// The query, key, value and padding, in the order the operation reads them.
+fn inputs<R: FusionRuntime, B: FusionBackend<FusionRuntime = R>>(
+    tensors: FlashTensors<Fusion<B>>,
+) -> impl Iterator<Item = FusionTensor<R>> {
+    [tensors.query, tensors.key, tensors.value]
+        .into_iter()
+        .chain(tensors.key_padding)
+}
+
+/// Which kernel call an operation makes, and which optional inputs it was given.
+#[derive(Debug, Clone, Copy)]
+enum Pass {
+    /// Inputs: query, key, value, [padding], [sinks]; outputs: output, lse.
+    Forward { has_padding: bool, has_sinks: bool },
+    /// Inputs: query, key, value, [padding], output gradient, lse, delta; outputs: the query,
+    /// key and value gradients.
+    Backward { has_padding: bool },
+}
+
+/// One flash-attention call in a fusion stream.
+#[derive(Debug)]
+struct FlashOperation<B> {
+    desc: CustomOpIr,
+    pass: Pass,
+    call: FlashCall,
+    backend: PhantomData<B>,
+}
+
+impl<B: FusionBackend + FlashBackend> Operation<B::FusionRuntime> for FlashOperation<B> {
+    fn execute(
+        &self,
+        handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
+    ) {
+        let mut inputs = self
+            .desc
+            .inputs
+            .iter()
+            .map(|ir| handles.get_float_tensor::<B>(ir))
+            .collect::<Vec<_>>()
+            .into_iter();
+        let mut next = || inputs.next().expect("the operation was registered with it");
+        let mut tensors = |has_padding: bool| FlashTensors::<B> {
+            query: next(),
+            key: next(),
+            value: next(),
+            key_padding: has_padding.then(&mut next),
+        };
+        let outputs: Vec<FloatTensor<B>> = match self.pass {
+            Pass::Forward {
+                has_padding,
+                has_sinks,
+            } => {
+                let tensors = tensors(has_padding);
+                let sinks = has_sinks.then(&mut next);
+                B::flash_forward(tensors, sinks, self.call).into()
+            }
+            Pass::Backward { has_padding } => {
+                let tensors = tensors(has_padding);
+                let grads = FlashGradInputs {
+                    output_grad: next(),
+                    lse: next(),
+                    delta: next(),
+                };
+                B::flash_backward(tensors, grads, self.call).into()
+            }
+        };
+        for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
+            handles.register_float_tensor::<B>(&ir.id, tensor);
+        }
+    }
+}
+
+/// Registers `pass` over `inputs` in their stream; returns its `N` outputs of the given shapes
+/// and types.
+fn registered<B: FusionBackend + FlashBackend, const N: usize>(
+    pass: Pass,
+    call: FlashCall,
+    inputs: Vec<FusionTensor<B::FusionRuntime>>,
+    outputs: [(Shape, DType); N],
+) -> [FusionTensor<B::FusionRuntime>; N] {
+    let client = inputs[0].client.clone();
+    let streams = OperationStreams::with_inputs(&inputs);
+    let outputs =
+        outputs.map(|(shape, dtype)| TensorIr::uninit(client.create_empty_handle(), shape, dtype));
+    let inputs: Vec<TensorIr> = inputs.into_iter().map(FusionTensor::into_ir).collect();
+    let desc = CustomOpIr::new("attention-core flash attention", &inputs, &outputs);
+    client
+        .register(
+            streams,
+            OperationIr::Custom(desc.clone()),
+            FlashOperation::<B> {
+                desc,
+                pass,
+                call,
+                backend: PhantomData,
+            },
+        )
+        .outputs::<N>()
+}

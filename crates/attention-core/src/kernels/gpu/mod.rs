@@ -1,0 +1,83 @@
+//! Causal attention on a GPU kernel of this crate's own: CubeCL's flash attention, forward and
+//! backward, on any backend of Burn's `CubeBackend` (wgpu in this workspace), plain or under
+//! Burn's fusion. The fused path takes it on wgpu (see [`crate::kernels`]).
+//!
+//! - `kernel.rs`: the `#[cube]` kernels (forward, query gradient, key/value gradient)
+//! - `cube.rs`: [`FlashBackend`] on a plain `CubeBackend`: launches on its tensors
+//! - `fusion.rs`: [`FlashBackend`] on `Fusion<B>`: each call one custom operation of the fusion
+//!   stream, run by `B`'s launches when the stream reaches it
+//! - `op.rs`: the kernel as a Burn operation, with its autodiff node
+
+mod cube;
+mod fusion;
+mod kernel;
+mod op;
+
+use burn::prelude::*;
+use burn::tensor::ops::FloatTensor;
+
+pub(crate) use op::{cached, forward, on_autodiff};
+
+/// The sizes and score rule of one kernel call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct FlashCall {
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Query rows: the last `queries` of the `keys` positions.
+    pub queries: usize,
+    pub keys: usize,
+    /// The storage row of key 0 in each sequence, and the rows a sequence has in the key and
+    /// value tensors (0 and `keys`, except over a cache).
+    pub key_first: usize,
+    pub key_rows: usize,
+    pub window: Option<usize>,
+    pub scale: f32,
+    pub softcap: Option<f32>,
+}
+
+/// The tensors every kernel reads.
+///
+/// # Shapes
+/// - `query`: `[batch, queries, heads · head_dim]`
+/// - `key`, `value`: `[batch, key_rows, kv_heads · head_dim]`
+/// - `key_padding`: `[batch, keys]`, `1` = padding, in the query's float type
+#[derive(Debug, Clone)]
+pub(crate) struct FlashTensors<B: Backend> {
+    pub query: FloatTensor<B>,
+    pub key: FloatTensor<B>,
+    pub value: FloatTensor<B>,
+    pub key_padding: Option<FloatTensor<B>>,
+}
+
+/// What the backward pass reads beyond [`FlashTensors`].
+///
+/// # Shapes
+/// - `output_grad`: `[batch, queries, heads · head_dim]`
+/// - `lse` (the forward pass's log-sum-exp), `delta` (`rowsum(dO ∘ O)`): `[batch, queries,
+///   heads]`, `f32`
+#[derive(Debug, Clone)]
+pub(crate) struct FlashGradInputs<B: Backend> {
+    pub output_grad: FloatTensor<B>,
+    pub lse: FloatTensor<B>,
+    pub delta: FloatTensor<B>,
+}
+
+/// A backend the flash kernels run on.
+pub(crate) trait FlashBackend: Backend {
+    /// The forward pass: `[output, lse]`, `[batch, queries, heads · head_dim]` and `[batch,
+    /// queries, heads]` (`f32`). `sinks`: `[heads]`.
+    fn flash_forward(
+        tensors: FlashTensors<Self>,
+        sinks: Option<FloatTensor<Self>>,
+        call: FlashCall,
+    ) -> [FloatTensor<Self>; 2];
+
+    /// The backward pass: `[query, key, value]` gradients, shaped as those inputs.
+    fn flash_backward(
+        tensors: FlashTensors<Self>,
+        grads: FlashGradInputs<Self>,
+        call: FlashCall,
+    ) -> [FloatTensor<Self>; 3];
+}

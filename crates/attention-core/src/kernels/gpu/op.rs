@@ -1,0 +1,269 @@
+//! The GPU kernel as a Burn operation: the layer's tensors handed to [`FlashBackend`] as they
+//! are (no copy to the host, no head split), and on `Autodiff` a graph node whose backward is
+//! the kernel's own. Which backends reach it is decided in [`crate::kernels`].
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::prelude::*;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Bool, DType, TensorPrimitive};
+
+use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors};
+use crate::attend::ScoreRule;
+use crate::kernels::inputs::KernelInputs;
+use crate::kernels::{CachedInputs, KvStorage, same_type};
+
+/// The kernel's forward pass on `Bare`, which `B` is.
+pub(crate) fn forward<B: Backend, Bare: FlashBackend>(inputs: KernelInputs<B>) -> Tensor<B, 3> {
+    let inputs: KernelInputs<Bare> = same_type(inputs);
+    let (tensors, sinks, call) = prepared(inputs);
+    let [output, _] = Bare::flash_forward(tensors, sinks.map(float), call);
+    same_type(Tensor::<Bare, 3>::from_primitive(TensorPrimitive::Float(
+        output,
+    )))
+}
+
+/// `B` is `Autodiff<I, C>`: run the kernel on `I`'s tensors and record a node with its backward.
+pub(crate) fn on_autodiff<B: Backend, I: FlashBackend, C: CheckpointStrategy>(
+    inputs: KernelInputs<B>,
+) -> Tensor<B, 3> {
+    let inputs: KernelInputs<Autodiff<I, C>> = same_type(inputs);
+    same_type(tracked::<I, C>(inputs))
+}
+
+/// The kernel's forward pass on `I`, recorded as one graph node whose parents are the query, key
+/// and value, and the sinks where the layer has them.
+fn tracked<I: FlashBackend, C: CheckpointStrategy>(
+    inputs: KernelInputs<Autodiff<I, C>>,
+) -> Tensor<Autodiff<I, C>, 3> {
+    let [query, key, value] =
+        [inputs.query, inputs.key, inputs.value].map(|tensor| tensor.into_primitive().tensor());
+    let nodes = [&query, &key, &value].map(|tensor| tensor.node.clone());
+    let [query, key, value] = [query, key, value]
+        .map(|tensor| Tensor::<I, 3>::from_primitive(TensorPrimitive::Float(tensor.primitive)));
+    let sinks = inputs
+        .scores
+        .sinks
+        .map(|sinks| sinks.into_primitive().tensor());
+    let sinks_node = sinks.as_ref().map(|sinks| sinks.node.clone());
+    let (tensors, sinks, call) = prepared(KernelInputs {
+        query,
+        key,
+        value,
+        heads: inputs.heads,
+        kv_heads: inputs.kv_heads,
+        window: inputs.window,
+        key_padding: inputs
+            .key_padding
+            .map(|mask| Tensor::from_primitive(mask.into_primitive())),
+        scores: ScoreRule {
+            scale: inputs.scores.scale,
+            softcap: inputs.scores.softcap,
+            sinks: sinks
+                .map(|sinks| Tensor::from_primitive(TensorPrimitive::Float(sinks.primitive))),
+        },
+    });
+    let [output, lse] = I::flash_forward(tensors.clone(), sinks.clone().map(float), call);
+    let saved = Saved {
+        tensors,
+        sinks,
+        output: output.clone(),
+        lse,
+        call,
+    };
+    // The node over its parents: 3 or 4 of them (burn-autodiff does not export their type, so a
+    // macro rather than a function generic over the count).
+    macro_rules! record {
+        ($parents:expr) => {
+            match FlashBackward
+                .prepare::<C>($parents)
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish(saved, output),
+                OpsKind::UnTracked(prep) => prep.finish(output),
+            }
+        };
+    }
+    let output = match sinks_node {
+        None => record!(nodes),
+        Some(sinks) => {
+            let [query, key, value] = nodes;
+            record!([query, key, value, sinks])
+        }
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(output))
+}
+
+/// The kernels' tensors and call of `inputs`, and the sinks.
+fn prepared<B: Backend>(
+    inputs: KernelInputs<B>,
+) -> (FlashTensors<B>, Option<Tensor<B, 1>>, FlashCall) {
+    let [batch, queries, width] = inputs.query.dims();
+    let keys = inputs.key.dims()[1];
+    let head_dim = width / inputs.heads;
+    let dtype = inputs.query.dtype();
+    let call = FlashCall {
+        batch,
+        heads: inputs.heads,
+        kv_heads: inputs.kv_heads,
+        head_dim,
+        queries,
+        keys,
+        key_first: 0,
+        key_rows: keys,
+        window: inputs.window,
+        scale: inputs.scores.scale_for(head_dim) as f32,
+        softcap: inputs.scores.softcap.map(|cap| cap as f32),
+    };
+    let tensors = FlashTensors {
+        query: float(inputs.query),
+        key: float(inputs.key),
+        value: float(inputs.value),
+        key_padding: inputs.key_padding.map(|mask| padding(mask, dtype)),
+    };
+    (tensors, inputs.scores.sinks, call)
+}
+
+/// The float primitive of `tensor`.
+fn float<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
+    tensor.into_primitive().tensor()
+}
+
+/// A padding mask as the kernels read it: `1` = padding, in `dtype`.
+fn padding<B: Backend>(mask: Tensor<B, 2, Bool>, dtype: DType) -> FloatTensor<B> {
+    float(mask.float().cast(dtype))
+}
+
+/// The backward pass of [`on_autodiff`]'s node.
+#[derive(Debug)]
+struct FlashBackward;
+
+/// What the backward pass needs: the inputs, the output and the log-sum-exp, all `O(seq)` — the
+/// attention weights are rebuilt tile by tile.
+#[derive(Debug, Clone)]
+struct Saved<B: Backend> {
+    tensors: FlashTensors<B>,
+    sinks: Option<Tensor<B, 1>>,
+    output: FloatTensor<B>,
+    lse: FloatTensor<B>,
+    call: FlashCall,
+}
+
+impl<I: FlashBackend, const N: usize> Backward<I, N> for FlashBackward {
+    type State = Saved<I>;
+
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let Saved {
+            tensors,
+            sinks,
+            output,
+            lse,
+            call,
+        } = ops.state;
+        let output_grad = grads.consume::<I>(&ops.node);
+        let delta = row_dots(&call, output_grad.clone(), output);
+        let lse = Tensor::<I, 3>::from_primitive(TensorPrimitive::Float(lse));
+        let sinks_grad = sinks.map(|sinks| sinks_grad(sinks, lse.clone(), delta.clone()));
+        let gradients = I::flash_backward(
+            tensors,
+            FlashGradInputs {
+                output_grad,
+                lse: float(lse),
+                delta: float(delta),
+            },
+            call,
+        );
+        let register = |grads: &mut Gradients, id: NodeId, gradient: FloatTensor<I>| {
+            grads.register::<I>(id, gradient);
+        };
+        // The parents in order: query, key, value, then the sinks if the layer has them.
+        let mut parents = ops.parents.into_iter();
+        for gradient in gradients {
+            if let Some(node) = parents.next().flatten() {
+                register(grads, node.id, gradient);
+            }
+        }
+        if let (Some(node), Some(gradient)) = (parents.next().flatten(), sinks_grad) {
+            register(grads, node.id, float(gradient));
+        }
+    }
+}
+
+/// `Dᵢ = dOᵢ · Oᵢ` per query and head, in `f32`: FlashAttention-2's pre-pass.
+///
+/// # Shapes
+/// - output: `[batch, queries, heads]`
+fn row_dots<B: Backend>(
+    call: &FlashCall,
+    output_grad: FloatTensor<B>,
+    output: FloatTensor<B>,
+) -> Tensor<B, 3> {
+    let [output_grad, output] = [output_grad, output]
+        .map(|tensor| Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(tensor)));
+    let split = [call.batch, call.queries, call.heads, call.head_dim];
+    (output_grad.cast(DType::F32) * output.cast(DType::F32))
+        .reshape(split)
+        .sum_dim(3)
+        .reshape([call.batch, call.queries, call.heads])
+}
+
+/// The sinks' gradient: a sink takes weight `exp(sink − lse)` in each row, whose gradient is
+/// `−weight · Dᵢ`, summed over the rows of its head.
+///
+/// # Shapes
+/// - `sinks`: `[heads]`; `lse`, `delta`: `[batch, queries, heads]`
+fn sinks_grad<B: Backend>(
+    sinks: Tensor<B, 1>,
+    lse: Tensor<B, 3>,
+    delta: Tensor<B, 3>,
+) -> Tensor<B, 1> {
+    let dtype = sinks.dtype();
+    let heads = sinks.dims()[0];
+    let weights = (sinks.cast(DType::F32).reshape([1, 1, heads]) - lse).exp();
+    (weights * delta)
+        .neg()
+        .sum_dim(0)
+        .sum_dim(1)
+        .reshape([heads])
+        .cast(dtype)
+}
+
+/// Causal attention of new queries over a cache kept on the device in the kernel's layout
+/// (`KvStorage::Device`), on `Bare`, which `B` is: the cached keys and values are read where
+/// they lie.
+///
+/// # Shapes
+/// - output: `[batch, queries, heads · head_dim]`
+pub(crate) fn cached<B: Backend, Bare: FlashBackend>(inputs: CachedInputs<'_, B>) -> Tensor<B, 3> {
+    let KvStorage::Device { keys, values } = inputs.cache else {
+        unreachable!("a GPU kernel step is appended to device storage")
+    };
+    let [_, allocated, kv_width] = keys.dims();
+    let head_dim = inputs.query.dims()[2] / inputs.heads;
+    let step = KernelInputs {
+        query: inputs.query,
+        key: keys.clone(),
+        value: values.clone(),
+        heads: inputs.heads,
+        kv_heads: kv_width / head_dim,
+        window: inputs.window,
+        key_padding: inputs.key_padding,
+        scores: inputs.scores,
+    };
+    let (tensors, sinks, call) = prepared(same_type::<_, KernelInputs<Bare>>(step));
+    let call = FlashCall {
+        keys: inputs.seen.len(),
+        key_first: inputs.seen.start,
+        key_rows: allocated,
+        ..call
+    };
+    let [output, _] = Bare::flash_forward(tensors, sinks.map(float), call);
+    same_type(Tensor::<Bare, 3>::from_primitive(TensorPrimitive::Float(
+        output,
+    )))
+}

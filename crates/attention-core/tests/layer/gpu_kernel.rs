@@ -1,0 +1,266 @@
+//! The GPU kernel on wgpu (Burn's fused `Wgpu`, as the layer's users get it): the output and
+//! every gradient of the fused path (the kernel's forward and backward) equal the explicit path's
+//! in f64 on ndarray (and, on two cases, the explicit path's on wgpu itself) over shapes that end inside and on the kernel's 32-row blocks, grouped and multi-query heads,
+//! head widths 16 / 64 / 128, windows of 1, 4 and 70, left padding with fully padded queries, a
+//! scale, a soft-cap and sinks; cached prefill and steps equal the full forward pass; and the
+//! route reaches the kernel (its call counter moves). Sized for a software adapter: the kernels
+//! compile once per head width and set of score options, not per shape.
+
+use crate::common;
+
+use attention_backends::compare::deviation;
+use attention_backends::{Autodiff, NdArray64, Wgpu};
+use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
+use attention_core::{
+    AttentionInput, AttentionPath, Kernel, MultiHeadAttention, MultiHeadAttentionConfig,
+};
+use burn::prelude::*;
+use burn::tensor::Bool;
+use common::{output_and_gradients, randn, seeded_layer};
+
+/// The largest error allowed, relative to the largest magnitude of each compared tensor (at
+/// least [`FLOOR`]).
+const TOL: f64 = 1e-5;
+/// A gradient that is zero in exact arithmetic is all rounding: the query's where each query
+/// sees one key (a softmax of one score ignores it: a sequence of 1, a window of 1). Errors are
+/// judged relative to at least this share of the largest magnitude among the case's tensors.
+const FLOOR: f64 = 0.01;
+
+/// One layer shape.
+struct Case {
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    window: Option<usize>,
+    /// Sequence 0 left-padded by 2 (its first queries see only padding), the last right-padded
+    /// by 3.
+    padded: bool,
+    /// Scale 0.3, soft-cap 5 and sinks.
+    scored: bool,
+}
+
+impl Case {
+    fn config(&self) -> MultiHeadAttentionConfig {
+        let width = self.heads * self.head_dim;
+        let config = MultiHeadAttentionConfig::new(width, width, self.seq, self.heads)
+            .with_num_kv_heads(Some(self.kv_heads))
+            .with_sliding_window(self.window)
+            .with_qkv_bias(true);
+        if self.scored {
+            config
+                .with_scale(Some(0.3))
+                .with_softcap(Some(5.0))
+                .with_sinks(true)
+        } else {
+            config
+        }
+    }
+
+    fn padding(&self, device: &attention_backends::WgpuDevice) -> Option<Tensor<Wgpu, 2, Bool>> {
+        let (batch, seq) = (self.batch, self.seq);
+        self.padded.then(|| {
+            let flags: Vec<bool> = (0..batch * seq)
+                .map(|n| match n / seq {
+                    0 => n % seq < 2,
+                    b if b == batch - 1 => n % seq >= seq.saturating_sub(3),
+                    _ => false,
+                })
+                .collect();
+            Tensor::from_data(TensorData::new(flags, [batch, seq]), device)
+        })
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "b{} t{} h{}/{} d{} w{:?}{}{}",
+            self.batch,
+            self.seq,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.window,
+            if self.padded { " padded" } else { "" },
+            if self.scored { " scale+cap+sinks" } else { "" }
+        )
+    }
+}
+
+#[rustfmt::skip]
+const CASES: [Case; 7] = [
+    Case { batch: 1, seq: 1, heads: 2, kv_heads: 2, head_dim: 16, window: None, padded: false, scored: false },
+    Case { batch: 2, seq: 7, heads: 4, kv_heads: 1, head_dim: 16, window: Some(4), padded: true, scored: false },
+    Case { batch: 1, seq: 63, heads: 2, kv_heads: 2, head_dim: 64, window: None, padded: false, scored: false },
+    Case { batch: 3, seq: 64, heads: 8, kv_heads: 2, head_dim: 16, window: Some(1), padded: true, scored: false },
+    Case { batch: 1, seq: 65, heads: 4, kv_heads: 2, head_dim: 16, window: None, padded: false, scored: true },
+    Case { batch: 2, seq: 130, heads: 2, kv_heads: 1, head_dim: 128, window: Some(70), padded: true, scored: false },
+    Case { batch: 2, seq: 33, heads: 4, kv_heads: 4, head_dim: 16, window: Some(4), padded: true, scored: true },
+];
+
+/// The largest magnitude in `data`.
+fn largest(data: &TensorData) -> f64 {
+    data.clone()
+        .convert::<f64>()
+        .iter::<f64>()
+        .fold(0.0f64, |max, x| max.max(x.abs()))
+}
+
+/// `found` within [`TOL`] of `want`, relative to `want`'s largest magnitude or `floor`.
+fn assert_close(found: &TensorData, want: &TensorData, floor: f64, what: &str) {
+    let scale = largest(want).max(floor);
+    let dev = deviation(found, want, 0.0, 0.0, scale);
+    assert!(
+        dev.max_rel <= TOL,
+        "{what}: max error {:e} of the largest magnitude {scale:e} (max abs {:e})",
+        dev.max_rel,
+        dev.max_abs
+    );
+}
+
+/// The output and every gradient of `layer` (`[y, grad.x, grad.<param>…]`) on `path`, for the
+/// loss `sum(y · r)`.
+fn run<B: Backend>(
+    layer: &MultiHeadAttention<Autodiff<B>>,
+    [x, r]: [&TensorData; 2],
+    padding: Option<&TensorData>,
+    path: AttentionPath,
+    device: &B::Device,
+) -> Vec<(String, TensorData)> {
+    let x = Tensor::<Autodiff<B>, 3>::from_data(x.clone(), device).require_grad();
+    let r = Tensor::from_data(r.clone(), device);
+    let mut input = AttentionInput::new(x.clone()).path(path);
+    if let Some(padding) = padding {
+        input = input.key_padding(Tensor::from_data(padding.clone(), device));
+    }
+    output_and_gradients(layer, input, &x, r)
+}
+
+/// `layer`'s weights in a layer on backend `B`.
+fn moved<A: Backend, B: Backend>(
+    layer: &MultiHeadAttention<A>,
+    config: &MultiHeadAttentionConfig,
+    device: &B::Device,
+) -> MultiHeadAttention<B> {
+    let weights = AttentionParams::of(layer).to_state_dict(WeightsLayout::Chapter);
+    StateDict::from_tensors(weights)
+        .to_layer(config, device)
+        .expect("the layer's own weights fit it")
+}
+
+#[test]
+fn forward_and_gradients_equal_the_explicit_path() {
+    let Some(device) =
+        attention_backends::wgpu_device_for_test("gpu kernel: forward and gradients")
+    else {
+        return;
+    };
+    for (i, case) in CASES.iter().enumerate() {
+        let config = case.config();
+        let layer = seeded_layer::<Autodiff<Wgpu>>(&config, 80 + i as u64, &device);
+        let shape = [case.batch, case.seq, case.heads * case.head_dim];
+        let x = randn::<Wgpu, 3>(shape, 90 + i as u64, &device).into_data();
+        let r = randn::<Wgpu, 3>(shape, 100 + i as u64, &device).into_data();
+        let padding = case.padding(&device).map(Tensor::into_data);
+        let calls = Kernel::Gpu.calls();
+        let fused = run(
+            &layer,
+            [&x, &r],
+            padding.as_ref(),
+            AttentionPath::Fused,
+            &device,
+        );
+        assert!(
+            Kernel::Gpu.calls() > calls,
+            "{}: the fused path ran the GPU kernel",
+            case.name()
+        );
+        let mut references = vec![(
+            "explicit, ndarray f64",
+            run::<NdArray64>(
+                &moved(&layer, &config, &Default::default()),
+                [&x, &r],
+                padding.as_ref(),
+                AttentionPath::Explicit,
+                &Default::default(),
+            ),
+        )];
+        if i < 2 {
+            let explicit = run(
+                &layer,
+                [&x, &r],
+                padding.as_ref(),
+                AttentionPath::Explicit,
+                &device,
+            );
+            references.push(("explicit, wgpu", explicit));
+        }
+        for (reference, tensors) in references {
+            assert_eq!(fused.len(), tensors.len());
+            let floor = FLOOR
+                * tensors
+                    .iter()
+                    .map(|(_, data)| largest(data))
+                    .fold(0.0, f64::max);
+            for ((name, fused), (_, want)) in fused.iter().zip(&tensors) {
+                let what = format!("{}: {name} against the {reference}", case.name());
+                assert_close(fused, want, floor, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn cached_prefill_and_steps_equal_the_full_forward() {
+    let Some(device) = attention_backends::wgpu_device_for_test("gpu kernel: cached decoding")
+    else {
+        return;
+    };
+    for (i, case) in [&CASES[1], &CASES[5], &CASES[6]].into_iter().enumerate() {
+        let layer = seeded_layer::<Wgpu>(&case.config(), 110 + i as u64, &device);
+        let (batch, seq) = (case.batch, case.seq);
+        let x = randn::<Wgpu, 3>(
+            [batch, seq, case.heads * case.head_dim],
+            120 + i as u64,
+            &device,
+        );
+        let padding = case.padding(&device);
+        let input = |x: Tensor<Wgpu, 3>, seen: usize| {
+            let input = AttentionInput::new(x);
+            match &padding {
+                Some(mask) => input.key_padding(mask.clone().narrow(1, 0, seen)),
+                None => input,
+            }
+        };
+        let full = layer
+            .forward_with(input(x.clone(), seq).path(AttentionPath::Explicit))
+            .unwrap();
+        let calls = Kernel::Gpu.calls();
+        let mut cache = layer.new_cache();
+        let prefill = seq / 2;
+        let mut outputs = vec![
+            layer
+                .forward_cached_with(input(x.clone().narrow(1, 0, prefill), prefill), &mut cache)
+                .unwrap(),
+        ];
+        for t in prefill..seq {
+            outputs.push(
+                layer
+                    .forward_cached_with(input(x.clone().narrow(1, t, 1), t + 1), &mut cache)
+                    .unwrap(),
+            );
+        }
+        assert_eq!(
+            Kernel::Gpu.calls() - calls,
+            (seq - prefill + 1) as u64,
+            "{}: every step ran the GPU kernel",
+            case.name()
+        );
+        assert_close(
+            &Tensor::cat(outputs, 1).into_data(),
+            &full.into_data(),
+            0.0,
+            &format!("{}: cached", case.name()),
+        );
+    }
+}
