@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What BENCHMARKS.md's GPU and thread-scaling tables report, on a machine with a CUDA GPU,
 # a Vulkan driver and PyTorch:
-#  1. our wgpu fused path and PyTorch's CUDA SDPA layer, forward and forward+backward, float32,
+#  1. our wgpu fused path (the GPU kernel), our layer on Burn's attention op, and PyTorch's CUDA
+#     SDPA layer, forward and forward+backward, float32,
 #     alternating ours / PyTorch for each mode, ROUNDS rounds;
 #  2. our CPU kernel (flex and ndarray, fused) and PyTorch's CPU sdpa at 1, 2, 4, … threads.
 #   benches/attention-bench/run-gpu.sh gpu-results.jsonl
@@ -26,9 +27,11 @@ tag() { sed "s/}\$/,\"round\":$1}/"; }
 
 for round in $(seq "$rounds"); do
   for mode in fwd fwdbwd; do
-    # shellcheck disable=SC2046
-    timeout 300 "$runner" --backend wgpu --impl fused --mode $mode --repeats 10 --warmup 3 \
-      $(shape_args $gpu_shapes) | tag "$round" >> "$out"
+    for impl in fused burn-op; do
+      # shellcheck disable=SC2046
+      timeout 300 "$runner" --backend wgpu --impl $impl --mode $mode --repeats 10 --warmup 3 \
+        $(shape_args $gpu_shapes) | tag "$round" >> "$out"
+    done
     "$py" "$here/peer_cuda.py" --mode $mode --repeats 10 --warmup 3 \
       --shapes "$(echo $gpu_shapes | tr ' ' ',')" | tag "$round" >> "$out"
   done

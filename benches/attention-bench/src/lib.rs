@@ -90,9 +90,12 @@ pub const STANDARD_SHAPES: [&str; 5] = [
 pub enum Impl {
     /// Ours, explicit path (scores, mask, softmax, weighted sum).
     Explicit,
-    /// Ours, fused path: the crate's CPU kernel on ndarray and flex (with its own backward under
-    /// autodiff), Burn's fused attention op on wgpu.
+    /// Ours, fused path: the crate's CPU kernel on ndarray and flex, its GPU kernel on wgpu (each
+    /// with its own backward under autodiff).
     Fused,
+    /// Our layer with Burn's fused `attention` op for the core (`AttentionPath::BurnOp`): what
+    /// `fused` was on wgpu before the GPU kernel.
+    BurnOp,
     /// `burn::nn::attention::MultiHeadAttention` with its autoregressive mask.
     BurnNn,
 }
@@ -109,11 +112,21 @@ pub enum Mode {
 }
 
 impl Impl {
+    /// The layer's path for our implementations.
+    fn path(self) -> AttentionPath {
+        match self {
+            Self::Explicit => AttentionPath::Explicit,
+            Self::BurnOp => AttentionPath::BurnOp,
+            Self::Fused | Self::BurnNn => AttentionPath::Fused,
+        }
+    }
+
     /// The name used in results.
     pub fn name(self) -> &'static str {
         match self {
             Self::Explicit => "explicit",
             Self::Fused => "fused",
+            Self::BurnOp => "burn-op",
             Self::BurnNn => "burn-nn",
         }
     }
@@ -204,13 +217,9 @@ fn forward_fn<B: Backend>(
     device: &B::Device,
 ) -> Box<dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>> {
     match implementation {
-        Impl::Explicit | Impl::Fused => {
+        Impl::Explicit | Impl::Fused | Impl::BurnOp => {
             let layer = our_layer::<B>(shape, device);
-            let path = if implementation == Impl::Fused {
-                AttentionPath::Fused
-            } else {
-                AttentionPath::Explicit
-            };
+            let path = implementation.path();
             Box::new(move |x| {
                 layer
                     .forward_with(AttentionInput::new(x).path(path))
@@ -240,7 +249,7 @@ pub fn estimated_bytes(implementation: Impl, mode: Mode, shape: Shape) -> u128 {
         [shape.batch, shape.seq, shape.dim, shape.heads].map(|n| n as u128);
     let activations = 8 * batch * seq * dim + 4 * dim * dim;
     let scores = match (implementation, mode) {
-        (_, Mode::Decode) | (Impl::Fused, _) => 0,
+        (_, Mode::Decode) | (Impl::Fused, _) | (Impl::BurnOp, Mode::Fwd) => 0,
         _ => 4 * batch * heads * seq * seq,
     };
     let bytes = 4 * (activations + scores);
@@ -340,10 +349,7 @@ pub fn prepare<B: Backend>(
                 .forward_cached(input::<B>(shape, shape.seq - 1, &device), &mut cache)
                 .expect("prefill fits");
             let token = input::<B>(shape, 1, &device);
-            let path = match implementation {
-                Impl::Explicit => AttentionPath::Explicit,
-                _ => AttentionPath::Fused,
-            };
+            let path = implementation.path();
             Ok(Case {
                 run: Box::new(move || {
                     let y = layer

@@ -14,10 +14,10 @@ use crate::mask::attention_mask;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionPath {
     /// `Fused` for inference. Under autodiff: `Explicit` while dropout is active (only it applies
-    /// dropout); otherwise `Fused` on ndarray and burn-flex, whose CPU kernel has an exact
-    /// backward pass of its own, and `Explicit` elsewhere (Burn 0.21 differentiates its fused op
-    /// through the same `O(T²)` composite, with an approximate division gradient on some
-    /// backends).
+    /// dropout); otherwise `Fused` on the backends with a kernel of this crate's (ndarray and
+    /// burn-flex: the CPU kernel; wgpu: the GPU kernel), each with an exact backward pass of its
+    /// own, and `Explicit` elsewhere (Burn 0.21 differentiates its fused op through the same
+    /// `O(T²)` composite, with an approximate division gradient on some backends).
     #[default]
     Auto,
     /// Scores, mask, softmax, dropout and the weighted sum as separate tensor ops, as the source
@@ -25,10 +25,14 @@ pub enum AttentionPath {
     Explicit,
     /// One attention op that never materializes `[seq, seq]` and never applies dropout. On
     /// ndarray and burn-flex (with or without `Autodiff`): this crate's CPU kernel — blockwise,
-    /// skipping the masked half, FlashAttention's backward. Elsewhere: Burn's fused [`attention`]
-    /// op with `is_causal` (a flash-attention kernel on wgpu). The cached path takes the CPU
-    /// kernel on ndarray and burn-flex without `Autodiff`, Burn's op elsewhere.
+    /// skipping the masked half, FlashAttention's backward. On wgpu: this crate's GPU kernel
+    /// (CubeCL, the same scheme). Elsewhere: Burn's fused [`attention`] op with `is_causal`. The
+    /// cached path takes the kernels without `Autodiff`, Burn's op elsewhere.
     Fused,
+    /// Burn's fused [`attention`] op, even where a kernel of this crate's runs: to compare the
+    /// two. Under autodiff Burn differentiates it through its `O(T²)` composite; on a layer with
+    /// sinks (which Burn's op has not) the explicit path.
+    BurnOp,
 }
 
 /// How the scores are made from `q kᵀ`, and what joins their softmax besides the keys: `s =

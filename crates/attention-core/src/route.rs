@@ -15,6 +15,8 @@
 //! | [`forward_cached_with`] | others, `Autodiff` | [`Route::BurnOp`]⁴ | [`Route::Explicit`] | [`Route::BurnOp`] |
 //! | [`forward_traced`] | any | [`Route::Explicit`] | | |
 //!
+//! [`AttentionPath::BurnOp`] is [`Route::BurnOp`] on every backend and call, for comparisons.
+//!
 //! 1. [`Route::Explicit`] under `Autodiff` while dropout is active: only the explicit path
 //!    applies dropout.
 //! 2. [`Route::Explicit`] under `Autodiff`: Burn 0.21 differentiates its attention op through the
@@ -85,6 +87,7 @@ pub(crate) fn route<B: Backend>(
     };
     match (path, kernel) {
         (AttentionPath::Explicit, _) => Route::Explicit,
+        (AttentionPath::BurnOp, _) => burn_op,
         (AttentionPath::Fused, Some(kernel)) => kernel.into(),
         (AttentionPath::Fused, None) => burn_op,
         (AttentionPath::Auto, _) if training && dropout_active => Route::Explicit,
