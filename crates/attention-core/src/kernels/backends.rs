@@ -69,12 +69,26 @@ macro_rules! for_each_kernel_backend {
         $action!(burn::backend::NdArray<f64>, cpu, Kernel::Cpu);
         #[cfg(feature = "flex")]
         $action!(burn::backend::Flex, cpu, Kernel::Cpu);
-        // Burn's default wgpu backend (fused) and the plain one.
+        // Burn's default wgpu backend (fused) and the plain one, in f32 and (on adapters with
+        // `SHADER_F16`) f16.
         #[cfg(feature = "wgpu")]
         $action!(burn::backend::Wgpu, gpu, Kernel::Gpu);
         #[cfg(feature = "wgpu")]
         $action!(
             burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>,
+            gpu,
+            Kernel::Gpu
+        );
+        #[cfg(feature = "wgpu")]
+        $action!(burn::backend::Wgpu<burn::tensor::f16>, gpu, Kernel::Gpu);
+        #[cfg(feature = "wgpu")]
+        $action!(
+            burn::backend::wgpu::CubeBackend<
+                burn::backend::wgpu::WgpuRuntime,
+                burn::tensor::f16,
+                i32,
+                u32,
+            >,
             gpu,
             Kernel::Gpu
         );

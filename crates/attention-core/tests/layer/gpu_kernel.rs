@@ -1,9 +1,10 @@
 //! The GPU kernel on wgpu (Burn's fused `Wgpu`, as the layer's users get it): the output and
 //! every gradient of the fused path (the kernel's forward and backward) equal the explicit path's
-//! in f64 on ndarray (and, on two cases, the explicit path's on wgpu itself) over shapes that end inside and on the kernel's 32-row blocks, grouped and multi-query heads,
-//! head widths 16 / 64 / 128, windows of 1, 4 and 70, left padding with fully padded queries, a
-//! scale, a soft-cap and sinks; cached prefill and steps equal the full forward pass; and the
-//! route reaches the kernel (its call counter moves). Sized for a software adapter: the kernels
+//! in f64 on ndarray (and, on two cases, the explicit path's on wgpu itself) over shapes that
+//! end inside and on the kernel's 32-row blocks, grouped and multi-query heads, head widths
+//! 16 / 64 / 128, windows of 1, 4 and 70, left padding with fully padded queries, a scale, a
+//! soft-cap and sinks; cached prefill and steps (split over a long cache or not) equal the full
+//! forward pass; and the route reaches the kernel (its call counter moves). Sized for a software adapter: the kernels
 //! compile once per head width and set of score options, not per shape.
 
 use crate::common;
@@ -217,50 +218,154 @@ fn cached_prefill_and_steps_equal_the_full_forward() {
         return;
     };
     for (i, case) in [&CASES[1], &CASES[5], &CASES[6]].into_iter().enumerate() {
-        let layer = seeded_layer::<Wgpu>(&case.config(), 110 + i as u64, &device);
-        let (batch, seq) = (case.batch, case.seq);
-        let x = randn::<Wgpu, 3>(
-            [batch, seq, case.heads * case.head_dim],
-            120 + i as u64,
-            &device,
-        );
-        let padding = case.padding(&device);
-        let input = |x: Tensor<Wgpu, 3>, seen: usize| {
-            let input = AttentionInput::new(x);
-            match &padding {
-                Some(mask) => input.key_padding(mask.clone().narrow(1, 0, seen)),
-                None => input,
-            }
-        };
-        let full = layer
-            .forward_with(input(x.clone(), seq).path(AttentionPath::Explicit))
-            .unwrap();
-        let calls = Kernel::Gpu.calls();
-        let mut cache = layer.new_cache();
-        let prefill = seq / 2;
-        let mut outputs = vec![
-            layer
-                .forward_cached_with(input(x.clone().narrow(1, 0, prefill), prefill), &mut cache)
-                .unwrap(),
-        ];
-        for t in prefill..seq {
-            outputs.push(
-                layer
-                    .forward_cached_with(input(x.clone().narrow(1, t, 1), t + 1), &mut cache)
-                    .unwrap(),
-            );
+        assert_cached_equals_full(case, case.seq / 2, 110 + i as u64, &device);
+    }
+}
+
+/// Steps over a long cache at few (sequence, head) pairs are split over the cached keys
+/// (flash-decoding: 4 splits of ~75 keys, then 3 over a window cache's 200), the partial results
+/// combined by their log-sum-exps; with sinks (counted once, in the first split) and padding.
+#[test]
+fn split_decoding_equals_the_full_forward() {
+    let Some(device) = attention_backends::wgpu_device_for_test("gpu kernel: split decoding")
+    else {
+        return;
+    };
+    #[rustfmt::skip]
+    let cases = [
+        Case { batch: 1, seq: 300, heads: 2, kv_heads: 1, head_dim: 16, window: None, padded: true, scored: true },
+        Case { batch: 1, seq: 300, heads: 4, kv_heads: 2, head_dim: 16, window: Some(200), padded: false, scored: true },
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        assert_cached_equals_full(case, case.seq - 6, 130 + i as u64, &device);
+    }
+}
+
+/// A prefill of `prefill` positions and one-token steps to the end equal the explicit full
+/// forward pass, each call on the GPU kernel.
+fn assert_cached_equals_full(
+    case: &Case,
+    prefill: usize,
+    seed: u64,
+    device: &attention_backends::WgpuDevice,
+) {
+    let layer = seeded_layer::<Wgpu>(&case.config(), seed, device);
+    let (batch, seq) = (case.batch, case.seq);
+    let x = randn::<Wgpu, 3>([batch, seq, case.heads * case.head_dim], seed + 10, device);
+    let padding = case.padding(device);
+    let input = |x: Tensor<Wgpu, 3>, seen: usize| {
+        let input = AttentionInput::new(x);
+        match &padding {
+            Some(mask) => input.key_padding(mask.clone().narrow(1, 0, seen)),
+            None => input,
         }
-        assert_eq!(
-            Kernel::Gpu.calls() - calls,
-            (seq - prefill + 1) as u64,
-            "{}: every step ran the GPU kernel",
-            case.name()
+    };
+    let full = layer
+        .forward_with(input(x.clone(), seq).path(AttentionPath::Explicit))
+        .unwrap();
+    let calls = Kernel::Gpu.calls();
+    let mut cache = layer.new_cache();
+    let mut outputs = vec![
+        layer
+            .forward_cached_with(input(x.clone().narrow(1, 0, prefill), prefill), &mut cache)
+            .unwrap(),
+    ];
+    for t in prefill..seq {
+        outputs.push(
+            layer
+                .forward_cached_with(input(x.clone().narrow(1, t, 1), t + 1), &mut cache)
+                .unwrap(),
         );
-        assert_close(
-            &Tensor::cat(outputs, 1).into_data(),
-            &full.into_data(),
-            0.0,
-            &format!("{}: cached", case.name()),
+    }
+    assert_eq!(
+        Kernel::Gpu.calls() - calls,
+        (seq - prefill + 1) as u64,
+        "{}: every step ran the GPU kernel",
+        case.name()
+    );
+    assert_close(
+        &Tensor::cat(outputs, 1).into_data(),
+        &full.into_data(),
+        0.0,
+        &format!("{}: cached", case.name()),
+    );
+}
+
+/// Burn's fused wgpu backend in half precision.
+type Half = burn::backend::Wgpu<burn::tensor::f16>;
+
+/// Whether `device`'s adapter computes in f16 (wgpu's `SHADER_F16`).
+fn has_f16(device: &attention_backends::WgpuDevice) -> bool {
+    use cubecl::Runtime;
+    burn::backend::wgpu::WgpuRuntime::client(device)
+        .properties()
+        .supports_type(cubecl::ir::FloatKind::F16)
+}
+
+/// f16 tensors, f32 accumulation: the fused path (the GPU kernel) is within f16's own error of
+/// the f64 explicit path — no further from it than Burn's f16 explicit path on the same
+/// adapter, and within 1 % of the largest magnitude. Skipped, saying so, on adapters without
+/// f16.
+#[test]
+fn half_precision_is_as_close_as_burns_own_half_precision_path() {
+    let Some(device) = attention_backends::wgpu_device_for_test("gpu kernel: f16") else {
+        return;
+    };
+    if !has_f16(&device) {
+        eprintln!("gpu kernel: f16 skipped: the adapter has no SHADER_F16");
+        return;
+    }
+    #[rustfmt::skip]
+    let case = Case { batch: 2, seq: 65, heads: 4, kv_heads: 2, head_dim: 64, window: Some(40), padded: true, scored: true };
+    let config = case.config();
+    let shape = [case.batch, case.seq, case.heads * case.head_dim];
+    // Weights and inputs rounded to f16 first, so that every path starts from the same values.
+    let layer: MultiHeadAttention<Autodiff<Half>> = moved(
+        &seeded_layer::<Wgpu>(&config, 140, &device),
+        &config,
+        &device,
+    );
+    let [x, r] = [150, 160].map(|seed| {
+        randn::<Wgpu, 3>(shape, seed, &device)
+            .into_data()
+            .convert::<burn::tensor::f16>()
+    });
+    let padding = case.padding(&device).map(Tensor::into_data);
+    let calls = Kernel::Gpu.calls();
+    let fused = run(
+        &layer,
+        [&x, &r],
+        padding.as_ref(),
+        AttentionPath::Fused,
+        &device,
+    );
+    assert!(
+        Kernel::Gpu.calls() > calls,
+        "the fused path ran the GPU kernel"
+    );
+    let explicit = run(
+        &layer,
+        [&x, &r],
+        padding.as_ref(),
+        AttentionPath::Explicit,
+        &device,
+    );
+    let want = run::<NdArray64>(
+        &moved(&layer, &config, &Default::default()),
+        [&x, &r],
+        padding.as_ref(),
+        AttentionPath::Explicit,
+        &Default::default(),
+    );
+    for ((name, fused), ((_, explicit), (_, want))) in fused.iter().zip(explicit.iter().zip(&want))
+    {
+        let scale = largest(want);
+        let error = |found: &TensorData| deviation(found, want, 0.0, 0.0, scale).max_rel;
+        let (kernel, burn) = (error(fused), error(explicit));
+        assert!(
+            kernel <= 1e-2 && kernel <= (2.0 * burn).max(1e-3),
+            "{name}: the kernel's f16 error {kernel:e} of the largest magnitude, Burn's f16 \
+             explicit path's {burn:e}"
         );
     }
 }

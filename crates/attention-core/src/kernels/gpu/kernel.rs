@@ -37,9 +37,10 @@ fn is_visible(score: f32) -> bool {
 /// The sizes and score rule of one call, as the kernels take them.
 #[derive(CubeType, CubeLaunch, Clone, Copy)]
 pub struct Geometry {
-    /// Query heads and key/value heads.
+    /// Query heads and key/value heads, and the width of each.
     pub heads: u32,
     pub kv_heads: u32,
+    pub head_dim: u32,
     /// Query rows (the last `queries` positions) and key positions seen.
     pub queries: u32,
     pub keys: u32,
@@ -57,6 +58,11 @@ pub struct Geometry {
     /// software adapter takes seconds to compile each variant.
     pub padded: u32,
     pub with_sinks: u32,
+    /// Flash-decoding (forward pass only): the cached keys are dealt to `splits` cubes per query
+    /// block, `split_len` keys each, whose partial outputs and log-sum-exps are combined after;
+    /// 1 and 0 without.
+    pub splits: u32,
+    pub split_len: u32,
 }
 
 /// Whether query position `position` sees key `key` (padding aside).
@@ -95,8 +101,9 @@ fn scored(dot: f32, geometry: &Geometry) -> (f32, f32) {
     (score, tanh)
 }
 
-/// Loads rows `start ..` of one head of `source` into `tile` (`tile_rows × head_dim`), every unit
-/// of the cube taking its share; rows at or past `end` are left as they were (never read).
+/// Loads rows `start ..` of one head of `source` into `tile` (`tile_rows × head_dim`, row after
+/// row), every unit of the cube taking its share; rows at or past `end` are left as they were
+/// (never read).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn load_tile<F: Float>(
@@ -107,8 +114,8 @@ fn load_tile<F: Float>(
     end: u32,
     row_width: u32,
     column: u32,
+    head_dim: u32,
     #[comptime] tile_rows: u32,
-    #[comptime] head_dim: u32,
 ) {
     let len = tile_rows * head_dim;
     let mut at = UNIT_POS_X;
@@ -124,15 +131,18 @@ fn load_tile<F: Float>(
 
 /// The forward pass: `output` and the per-row log-sum-exp.
 ///
-/// Cube `(x, y, z)`: query block `x` (one query a unit), head `y`, sequence `z`.
+/// Cube `(x, y, z)`: query block `x / splits` (one query a unit) and key split `x % splits`,
+/// head `y`, sequence `z`.
 ///
 /// # Shapes
-/// - `query`, `output`: `[batch, queries, heads · head_dim]`
+/// - `query`: `[batch, queries, heads · head_dim]`
+/// - `output`: `[splits, batch, queries, heads · head_dim]`, each split's output normalized over
+///   its own keys
 /// - `key`, `value`: `[batch, key_rows, kv_heads · head_dim]`, the call's keys at rows
 ///   `key_first ..`
 /// - `key_padding`: `[batch, keys]`, `1` = padding (read when `geometry.padded`)
 /// - `sinks`: `[heads]` (read when `geometry.with_sinks`)
-/// - `lse`: `[batch, queries, heads]`, [`masked`] for a row that sees nothing
+/// - `lse`: `[splits, batch, queries, heads]`, [`masked`] for a row that sees nothing
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn flash_forward<F: Float>(
@@ -144,24 +154,28 @@ pub fn flash_forward<F: Float>(
     output: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
     geometry: Geometry,
-    #[comptime] head_dim: u32,
+    #[comptime] head_capacity: u32,
     #[comptime] tile_rows: u32,
     #[define(F)] _dtype: StorageType,
 ) {
+    let head_dim = geometry.head_dim;
     let head = CUBE_POS_Y;
     let batch = CUBE_POS_Z;
     let kv_head = head / (geometry.heads / geometry.kv_heads);
     let offset = geometry.keys - geometry.queries;
-    let first_query = CUBE_POS_X * CUBE_DIM_X;
+    let split = CUBE_POS_X % geometry.splits;
+    let first_query = (CUBE_POS_X / geometry.splits) * CUBE_DIM_X;
     let row = first_query + UNIT_POS_X;
     let active = row < geometry.queries;
     let position = row + offset;
     let width = geometry.heads * head_dim;
     let kv_width = geometry.kv_heads * head_dim;
     let row_at = (batch * geometry.queries + row) * width + head * head_dim;
+    // A split's partial results are the `split`-th of `splits` stacked outputs.
+    let out_row = (split * CUBE_COUNT_Z + batch) * geometry.queries + row;
 
-    let mut q = Array::<f32>::new(head_dim as usize);
-    let mut acc = Array::<f32>::new(head_dim as usize);
+    let mut q = Array::<f32>::new(head_capacity as usize);
+    let mut acc = Array::<f32>::new(head_capacity as usize);
     for c in 0..head_dim {
         q[c as usize] = 0.0;
         acc[c as usize] = 0.0;
@@ -175,14 +189,19 @@ pub fn flash_forward<F: Float>(
     // The keys this block's queries see: up to the last query's position, from the first
     // query's window start.
     let last_query = min(first_query + CUBE_DIM_X, geometry.queries) - 1;
-    let key_end = last_query + offset + 1;
+    let mut key_end = last_query + offset + 1;
     let mut key_start = 0u32;
     if geometry.window > 0 && first_query + offset + 1 > geometry.window {
         key_start = first_query + offset + 1 - geometry.window;
     }
+    if geometry.splits > 1 {
+        let split_start = split * geometry.split_len;
+        key_start = max(key_start, split_start);
+        key_end = min(key_end, split_start + geometry.split_len);
+    }
 
-    let mut keys = SharedMemory::<F>::new((tile_rows * head_dim) as usize);
-    let mut values = SharedMemory::<F>::new((tile_rows * head_dim) as usize);
+    let mut keys = SharedMemory::<F>::new((tile_rows * head_capacity) as usize);
+    let mut values = SharedMemory::<F>::new((tile_rows * head_capacity) as usize);
     let mut scores = Array::<f32>::new(tile_rows as usize);
     let mut row_max = masked();
     let mut sum = 0.0f32;
@@ -192,7 +211,7 @@ pub fn flash_forward<F: Float>(
     let mut start = key_start;
     while start < key_end {
         load_tile::<F>(
-            key, &mut keys, key_first, start, key_end, kv_width, column, tile_rows, head_dim,
+            key, &mut keys, key_first, start, key_end, kv_width, column, head_dim, tile_rows,
         );
         load_tile::<F>(
             value,
@@ -202,8 +221,8 @@ pub fn flash_forward<F: Float>(
             key_end,
             kv_width,
             column,
-            tile_rows,
             head_dim,
+            tile_rows,
         );
         sync_cube();
         if active {
@@ -211,7 +230,9 @@ pub fn flash_forward<F: Float>(
             for j in 0..tile_rows {
                 let key_index = start + j;
                 let mut score = masked();
-                if in_view(key_index, position, &geometry)
+                // `key_end` bounds a key split's last tile (the next split's keys are in view).
+                if key_index < key_end
+                    && in_view(key_index, position, &geometry)
                     && !is_padding::<F>(key_padding, batch, key_index, &geometry)
                 {
                     let mut dot = 0.0f32;
@@ -250,7 +271,7 @@ pub fn flash_forward<F: Float>(
     }
 
     if active {
-        if geometry.with_sinks == 1 {
+        if geometry.with_sinks == 1 && split == 0 {
             let sink = f32::cast_from(sinks[head as usize]);
             let new_max = max(row_max, sink);
             let correction = f32::exp(row_max - new_max);
@@ -260,16 +281,17 @@ pub fn flash_forward<F: Float>(
             }
             row_max = new_max;
         }
-        let lse_at = ((batch * geometry.queries + row) * geometry.heads + head) as usize;
+        let lse_at = (out_row * geometry.heads + head) as usize;
+        let out_at = out_row * width + head * head_dim;
         if sum > 0.0 {
             let inverse = 1.0 / sum;
             for c in 0..head_dim {
-                output[(row_at + c) as usize] = F::cast_from(acc[c as usize] * inverse);
+                output[(out_at + c) as usize] = F::cast_from(acc[c as usize] * inverse);
             }
             lse[lse_at] = row_max + f32::ln(sum);
         } else {
             for c in 0..head_dim {
-                output[(row_at + c) as usize] = F::cast_from(0.0f32);
+                output[(out_at + c) as usize] = F::cast_from(0.0f32);
             }
             lse[lse_at] = masked();
         }
@@ -297,10 +319,11 @@ pub fn flash_query_grad<F: Float>(
     delta: &Tensor<f32>,
     query_grad: &mut Tensor<F>,
     geometry: Geometry,
-    #[comptime] head_dim: u32,
+    #[comptime] head_capacity: u32,
     #[comptime] tile_rows: u32,
     #[define(F)] _dtype: StorageType,
 ) {
+    let head_dim = geometry.head_dim;
     let head = CUBE_POS_Y;
     let batch = CUBE_POS_Z;
     let kv_head = head / (geometry.heads / geometry.kv_heads);
@@ -313,9 +336,9 @@ pub fn flash_query_grad<F: Float>(
     let kv_width = geometry.kv_heads * head_dim;
     let row_at = (batch * geometry.queries + row) * width + head * head_dim;
 
-    let mut q = Array::<f32>::new(head_dim as usize);
-    let mut d_out = Array::<f32>::new(head_dim as usize);
-    let mut d_q = Array::<f32>::new(head_dim as usize);
+    let mut q = Array::<f32>::new(head_capacity as usize);
+    let mut d_out = Array::<f32>::new(head_capacity as usize);
+    let mut d_q = Array::<f32>::new(head_capacity as usize);
     for c in 0..head_dim {
         q[c as usize] = 0.0;
         d_out[c as usize] = 0.0;
@@ -340,15 +363,15 @@ pub fn flash_query_grad<F: Float>(
         key_start = first_query + offset + 1 - geometry.window;
     }
 
-    let mut keys = SharedMemory::<F>::new((tile_rows * head_dim) as usize);
-    let mut values = SharedMemory::<F>::new((tile_rows * head_dim) as usize);
+    let mut keys = SharedMemory::<F>::new((tile_rows * head_capacity) as usize);
+    let mut values = SharedMemory::<F>::new((tile_rows * head_capacity) as usize);
     let key_first = batch * geometry.key_rows + geometry.key_first;
     let column = kv_head * head_dim;
 
     let mut start = key_start;
     while start < key_end {
         load_tile::<F>(
-            key, &mut keys, key_first, start, key_end, kv_width, column, tile_rows, head_dim,
+            key, &mut keys, key_first, start, key_end, kv_width, column, head_dim, tile_rows,
         );
         load_tile::<F>(
             value,
@@ -358,8 +381,8 @@ pub fn flash_query_grad<F: Float>(
             key_end,
             kv_width,
             column,
-            tile_rows,
             head_dim,
+            tile_rows,
         );
         sync_cube();
         if active && is_visible(row_lse) {
@@ -421,10 +444,11 @@ pub fn flash_key_value_grad<F: Float>(
     key_grad: &mut Tensor<F>,
     value_grad: &mut Tensor<F>,
     geometry: Geometry,
-    #[comptime] head_dim: u32,
+    #[comptime] head_capacity: u32,
     #[comptime] tile_rows: u32,
     #[define(F)] _dtype: StorageType,
 ) {
+    let head_dim = geometry.head_dim;
     let kv_head = CUBE_POS_Y;
     let batch = CUBE_POS_Z;
     let group = geometry.heads / geometry.kv_heads;
@@ -437,10 +461,10 @@ pub fn flash_key_value_grad<F: Float>(
     let live =
         key_index < geometry.keys && !is_padding::<F>(key_padding, batch, key_index, &geometry);
 
-    let mut k = Array::<f32>::new(head_dim as usize);
-    let mut v = Array::<f32>::new(head_dim as usize);
-    let mut d_k = Array::<f32>::new(head_dim as usize);
-    let mut d_v = Array::<f32>::new(head_dim as usize);
+    let mut k = Array::<f32>::new(head_capacity as usize);
+    let mut v = Array::<f32>::new(head_capacity as usize);
+    let mut d_k = Array::<f32>::new(head_capacity as usize);
+    let mut d_v = Array::<f32>::new(head_capacity as usize);
     for c in 0..head_dim {
         k[c as usize] = 0.0;
         v[c as usize] = 0.0;
@@ -466,8 +490,8 @@ pub fn flash_key_value_grad<F: Float>(
         query_end = min(query_end, last_key + geometry.window - offset);
     }
 
-    let mut queries = SharedMemory::<F>::new((tile_rows * head_dim) as usize);
-    let mut d_outs = SharedMemory::<F>::new((tile_rows * head_dim) as usize);
+    let mut queries = SharedMemory::<F>::new((tile_rows * head_capacity) as usize);
+    let mut d_outs = SharedMemory::<F>::new((tile_rows * head_capacity) as usize);
     let mut lses = SharedMemory::<f32>::new(tile_rows as usize);
     let mut deltas = SharedMemory::<f32>::new(tile_rows as usize);
     let query_first = batch * geometry.queries;
@@ -485,8 +509,8 @@ pub fn flash_key_value_grad<F: Float>(
                 query_end,
                 width,
                 column,
-                tile_rows,
                 head_dim,
+                tile_rows,
             );
             load_tile::<F>(
                 output_grad,
@@ -496,8 +520,8 @@ pub fn flash_key_value_grad<F: Float>(
                 query_end,
                 width,
                 column,
-                tile_rows,
                 head_dim,
+                tile_rows,
             );
             if UNIT_POS_X < tile_rows && start + UNIT_POS_X < query_end {
                 let at = ((query_first + start + UNIT_POS_X) * geometry.heads + head) as usize;

@@ -35,6 +35,8 @@ pub(crate) struct FlashCall {
     pub window: Option<usize>,
     pub scale: f32,
     pub softcap: Option<f32>,
+    /// Into how many parts the forward pass splits the keys (flash-decoding; 1: none).
+    pub key_splits: usize,
 }
 
 /// The tensors every kernel reads.

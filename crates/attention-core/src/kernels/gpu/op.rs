@@ -119,6 +119,7 @@ fn prepared<B: Backend>(
         window: inputs.window,
         scale: inputs.scores.scale_for(head_dim) as f32,
         softcap: inputs.scores.softcap.map(|cap| cap as f32),
+        key_splits: 1,
     };
     let tensors = FlashTensors {
         query: float(inputs.query),
@@ -256,14 +257,52 @@ pub(crate) fn cached<B: Backend, Bare: FlashBackend>(inputs: CachedInputs<'_, B>
         scores: inputs.scores,
     };
     let (tensors, sinks, call) = prepared(same_type::<_, KernelInputs<Bare>>(step));
+    let keys = inputs.seen.len();
     let call = FlashCall {
-        keys: inputs.seen.len(),
+        keys,
         key_first: inputs.seen.start,
         key_rows: allocated,
+        key_splits: decode_splits(call.batch * call.heads, call.queries, keys),
         ..call
     };
     let [output, _] = Bare::flash_forward(tensors, sinks.map(float), call);
     same_type(Tensor::<Bare, 3>::from_primitive(TensorPrimitive::Float(
         output,
     )))
+}
+
+/// Keys a split of a decoding step takes at least.
+const SPLIT_KEYS: usize = 64;
+/// The most splits of a decoding step.
+const MAX_SPLITS: usize = 16;
+/// `batch · heads` from which a decoding step's one cube per (sequence, head) keeps a GPU busy.
+const BUSY_CUBES: usize = 64;
+
+/// Into how many parts a step's `keys` are split (flash-decoding): a few queries over a long
+/// cache for few (sequence, head) pairs would otherwise run on `pairs` cubes, each walking the
+/// whole cache.
+fn decode_splits(pairs: usize, queries: usize, keys: usize) -> usize {
+    if pairs >= BUSY_CUBES || queries > 8 {
+        return 1;
+    }
+    (keys / SPLIT_KEYS).clamp(1, MAX_SPLITS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BUSY_CUBES, MAX_SPLITS, decode_splits};
+
+    #[test]
+    fn a_long_cache_at_few_pairs_is_split_into_whole_parts() {
+        assert_eq!(decode_splits(2, 1, 300), 4);
+        assert_eq!(decode_splits(4, 1, 200), 3);
+        assert_eq!(decode_splits(2, 8, 127), 1);
+        assert_eq!(decode_splits(1, 1, 1 << 20), MAX_SPLITS);
+    }
+
+    #[test]
+    fn a_busy_step_or_a_prefill_is_not_split() {
+        assert_eq!(decode_splits(BUSY_CUBES, 1, 4096), 1);
+        assert_eq!(decode_splits(2, 9, 4096), 1);
+    }
 }
