@@ -8,7 +8,7 @@
 use attention_backends::NdArray64;
 use attention_backends::compare::deviation;
 use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
-use attention_core::{MultiHeadAttentionConfig, QkNormConfig, QkNormScope, RopeConfig};
+use attention_core::{Kernel, MultiHeadAttentionConfig, QkNormConfig, QkNormScope, RopeConfig};
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::Distribution;
@@ -246,21 +246,36 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &GradcheckArgs) -> Result
         mode.rel_floor()
     );
     let (mut checked, mut worst, mut failures) = (0, 0.0f64, 0);
+    // The attention core of the autodiff under test: a kernel of attention-core's, whose own
+    // backward pass is what this checks, or Burn's ops.
+    let kernel = match mode {
+        Gradcheck::FiniteDifferences => Kernel::of::<Autodiff<NdArray64>>(),
+        Gradcheck::AgainstF64Reference => Kernel::of::<Autodiff<B>>(),
+    };
+    let kernel_calls = || kernel.map_or(0, Kernel::calls);
+    // Counted around the autodiff under test only: the references may run the same kernel.
+    let mut calls = 0;
     for case in cases() {
         println!(
             "case: {} (batch {}, seq {})",
             case.name, case.batch, case.seq
         );
         let problem = Problem::new(&case, args.seed);
-        let (actual, expected) = match mode {
-            Gradcheck::FiniteDifferences => (
-                problem.autodiff_grads::<NdArray64>(&case.config, &Default::default()),
-                problem.finite_difference_grads(&case.config),
-            ),
-            Gradcheck::AgainstF64Reference => (
-                problem.autodiff_grads::<B>(&case.config, &backend.device),
-                problem.autodiff_grads::<NdArray64>(&case.config, &Default::default()),
-            ),
+        let calls_before = kernel_calls();
+        let actual = match mode {
+            Gradcheck::FiniteDifferences => {
+                problem.autodiff_grads::<NdArray64>(&case.config, &Default::default())
+            }
+            Gradcheck::AgainstF64Reference => {
+                problem.autodiff_grads::<B>(&case.config, &backend.device)
+            }
+        };
+        calls += kernel_calls() - calls_before;
+        let expected = match mode {
+            Gradcheck::FiniteDifferences => problem.finite_difference_grads(&case.config),
+            Gradcheck::AgainstF64Reference => {
+                problem.autodiff_grads::<NdArray64>(&case.config, &Default::default())
+            }
         };
         for ((name, a), (_, e)) in actual.iter().zip(&expected) {
             let dev = deviation(a, e, 0.0, 0.0, mode.rel_floor());
@@ -277,6 +292,12 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &GradcheckArgs) -> Result
             worst = worst.max(dev.max_rel);
             failures += usize::from(!ok);
         }
+    }
+    match kernel {
+        Some(kernel) => {
+            println!("attention core: the {kernel:?} kernel's forward and backward ({calls} calls)")
+        }
+        None => println!("attention core: Burn's ops (no kernel of attention-core's on {tested})"),
     }
     let verdict = if failures == 0 { "PASS" } else { "FAIL" };
     println!(

@@ -153,9 +153,21 @@ pub fn walkthrough_prints_the_chapters_steps(bin: &str) {
     );
 }
 
-/// The finite-difference gradient check passes on every tensor.
+/// The gradient check passes on every tensor, through a kernel's own backward pass (the CPU
+/// kernel's on ndarray, the GPU kernel's on wgpu), once per case.
 pub fn gradcheck_passes(bin: &str) {
     let out = success(bin, &["gradcheck"]);
+    let kernel = if bin.ends_with("demo-wgpu") {
+        "Gpu"
+    } else {
+        "Cpu"
+    };
+    assert!(
+        out.contains(&format!(
+            "attention core: the {kernel} kernel's forward and backward (5 calls)"
+        )),
+        "{out}"
+    );
     assert!(
         out.lines()
             .last()
