@@ -62,8 +62,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
             dtype.into(),
         );
         if splits == 1 {
-            let [output, lse] = [output, lse].map(|tensor| drop_first_axis::<Self>(tensor));
-            return [output, lse];
+            return [output, lse].map(drop_first_axis::<Self>);
         }
         combined::<Self>(output, lse, &call)
     }
