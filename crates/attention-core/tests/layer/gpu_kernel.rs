@@ -149,6 +149,40 @@ fn moved<A: Backend, B: Backend>(
         .expect("the layer's own weights fit it")
 }
 
+/// [`run`] on the fused path, asserting that it reached the GPU kernel.
+fn fused_on_the_kernel<B: Backend>(
+    layer: &MultiHeadAttention<Autodiff<B>>,
+    inputs: [&TensorData; 2],
+    padding: Option<&TensorData>,
+    device: &B::Device,
+    what: &str,
+) -> Vec<(String, TensorData)> {
+    let calls = Kernel::Gpu.calls();
+    let fused = run(layer, inputs, padding, AttentionPath::Fused, device);
+    assert!(
+        Kernel::Gpu.calls() > calls,
+        "{what}: the fused path ran the GPU kernel"
+    );
+    fused
+}
+
+/// The reference: [`run`] on the explicit path with `layer`'s weights on ndarray f64.
+fn explicit_in_f64<B: Backend>(
+    layer: &MultiHeadAttention<Autodiff<B>>,
+    config: &MultiHeadAttentionConfig,
+    inputs: [&TensorData; 2],
+    padding: Option<&TensorData>,
+) -> Vec<(String, TensorData)> {
+    let device = Default::default();
+    run::<NdArray64>(
+        &moved(layer, config, &device),
+        inputs,
+        padding,
+        AttentionPath::Explicit,
+        &device,
+    )
+}
+
 #[test]
 fn forward_and_gradients_equal_the_explicit_path() {
     let Some(device) =
@@ -163,28 +197,10 @@ fn forward_and_gradients_equal_the_explicit_path() {
         let x = randn::<Wgpu, 3>(shape, 90 + i as u64, &device).into_data();
         let r = randn::<Wgpu, 3>(shape, 100 + i as u64, &device).into_data();
         let padding = case.padding(&device).map(Tensor::into_data);
-        let calls = Kernel::Gpu.calls();
-        let fused = run(
-            &layer,
-            [&x, &r],
-            padding.as_ref(),
-            AttentionPath::Fused,
-            &device,
-        );
-        assert!(
-            Kernel::Gpu.calls() > calls,
-            "{}: the fused path ran the GPU kernel",
-            case.name()
-        );
+        let fused = fused_on_the_kernel(&layer, [&x, &r], padding.as_ref(), &device, &case.name());
         let mut references = vec![(
             "explicit, ndarray f64",
-            run::<NdArray64>(
-                &moved(&layer, &config, &Default::default()),
-                [&x, &r],
-                padding.as_ref(),
-                AttentionPath::Explicit,
-                &Default::default(),
-            ),
+            explicit_in_f64(&layer, &config, [&x, &r], padding.as_ref()),
         )];
         if i < 2 {
             let explicit = run(
@@ -331,18 +347,7 @@ fn half_precision_is_as_close_as_burns_own_half_precision_path() {
             .convert::<burn::tensor::f16>()
     });
     let padding = case.padding(&device).map(Tensor::into_data);
-    let calls = Kernel::Gpu.calls();
-    let fused = run(
-        &layer,
-        [&x, &r],
-        padding.as_ref(),
-        AttentionPath::Fused,
-        &device,
-    );
-    assert!(
-        Kernel::Gpu.calls() > calls,
-        "the fused path ran the GPU kernel"
-    );
+    let fused = fused_on_the_kernel(&layer, [&x, &r], padding.as_ref(), &device, "f16");
     let explicit = run(
         &layer,
         [&x, &r],
@@ -350,13 +355,7 @@ fn half_precision_is_as_close_as_burns_own_half_precision_path() {
         AttentionPath::Explicit,
         &device,
     );
-    let want = run::<NdArray64>(
-        &moved(&layer, &config, &Default::default()),
-        [&x, &r],
-        padding.as_ref(),
-        AttentionPath::Explicit,
-        &Default::default(),
-    );
+    let want = explicit_in_f64(&layer, &config, [&x, &r], padding.as_ref());
     for ((name, fused), ((_, explicit), (_, want))) in fused.iter().zip(explicit.iter().zip(&want))
     {
         let scale = largest(want);
