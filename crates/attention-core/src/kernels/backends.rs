@@ -6,7 +6,7 @@ use std::cell::Cell;
 
 use burn::prelude::*;
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 use super::gpu;
 use super::inputs::KernelInputs;
 use super::{CachedInputs, cpu};
@@ -89,6 +89,19 @@ macro_rules! for_each_kernel_backend {
                 i32,
                 u32,
             >,
+            gpu,
+            Kernel::Gpu
+        );
+        // Burn's CUDA backend, fused and plain, in f32, f16 and bf16 (which wgpu lacks).
+        #[cfg(feature = "cuda")]
+        $action!(burn::backend::Cuda, gpu, Kernel::Gpu);
+        #[cfg(feature = "cuda")]
+        $action!(burn::backend::Cuda<burn::tensor::f16>, gpu, Kernel::Gpu);
+        #[cfg(feature = "cuda")]
+        $action!(burn::backend::Cuda<burn::tensor::bf16>, gpu, Kernel::Gpu);
+        #[cfg(feature = "cuda")]
+        $action!(
+            burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>,
             gpu,
             Kernel::Gpu
         );

@@ -6,7 +6,7 @@
 //! | kernel | module | backends (attention-core's cargo feature) |
 //! |---|---|---|
 //! | [`Kernel::Cpu`] | `cpu/` | burn-ndarray `f32` and `f64` (`ndarray`), burn-flex (`flex`) |
-//! | [`Kernel::Gpu`] | `gpu/` | Burn's `Wgpu` (fused) and its plain `CubeBackend` (`wgpu`) |
+//! | [`Kernel::Gpu`] | `gpu/` | Burn's `Wgpu` (fused) and its plain `CubeBackend` (`wgpu`); Burn's `Cuda` (fused; f32, f16, bf16) and its plain `CubeBackend` (`cuda`) |
 //!
 //! Each backend is recognised bare and under `Autodiff` with either checkpointing strategy (Burn
 //! has no specialization, so by `TypeId`, here and nowhere else). Every other backend keeps
@@ -33,7 +33,7 @@ mod backends;
 // under the default features).
 #[cfg_attr(not(any(feature = "ndarray", feature = "flex")), allow(unused))]
 pub(crate) mod cpu;
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu;
 mod inputs;
 mod storage;

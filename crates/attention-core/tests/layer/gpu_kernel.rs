@@ -5,7 +5,8 @@
 //! 16 / 64 / 128, windows of 1, 4 and 70, left padding with fully padded queries, a scale, a
 //! soft-cap and sinks; cached prefill and steps (split over a long cache or not) equal the full
 //! forward pass; and the route reaches the kernel (its call counter moves). Sized for a software adapter: the kernels
-//! compile once per head width and set of score options, not per shape.
+//! compile once per head width and set of score options, not per shape. Under attention-core's
+//! `cuda` feature the f32 cases and a bf16 one also run on Burn's CUDA backend, where a device is.
 
 use crate::common;
 
@@ -59,7 +60,8 @@ impl Case {
         }
     }
 
-    fn padding(&self, device: &attention_backends::WgpuDevice) -> Option<Tensor<Wgpu, 2, Bool>> {
+    /// The key padding flags, `[batch, seq]`.
+    fn padding(&self) -> Option<TensorData> {
         let (batch, seq) = (self.batch, self.seq);
         self.padded.then(|| {
             let flags: Vec<bool> = (0..batch * seq)
@@ -69,7 +71,7 @@ impl Case {
                     _ => false,
                 })
                 .collect();
-            Tensor::from_data(TensorData::new(flags, [batch, seq]), device)
+            TensorData::new(flags, [batch, seq])
         })
     }
 
@@ -190,14 +192,21 @@ fn forward_and_gradients_equal_the_explicit_path() {
     else {
         return;
     };
+    forward_and_gradients_equal_the_explicit_path_on::<Wgpu>(&device);
+}
+
+/// On backend `B` (f32), for every case of [`CASES`]: the fused path reaches the GPU kernel and
+/// its output and gradients equal the explicit path's in f64 on ndarray, and on the first two
+/// cases also the explicit path's on `B`.
+fn forward_and_gradients_equal_the_explicit_path_on<B: Backend>(device: &B::Device) {
     for (i, case) in CASES.iter().enumerate() {
         let config = case.config();
-        let layer = seeded_layer::<Autodiff<Wgpu>>(&config, 80 + i as u64, &device);
+        let layer = seeded_layer::<Autodiff<B>>(&config, 80 + i as u64, device);
         let shape = [case.batch, case.seq, case.heads * case.head_dim];
-        let x = randn::<Wgpu, 3>(shape, 90 + i as u64, &device).into_data();
-        let r = randn::<Wgpu, 3>(shape, 100 + i as u64, &device).into_data();
-        let padding = case.padding(&device).map(Tensor::into_data);
-        let fused = fused_on_the_kernel(&layer, [&x, &r], padding.as_ref(), &device, &case.name());
+        let x = randn::<B, 3>(shape, 90 + i as u64, device).into_data();
+        let r = randn::<B, 3>(shape, 100 + i as u64, device).into_data();
+        let padding = case.padding();
+        let fused = fused_on_the_kernel(&layer, [&x, &r], padding.as_ref(), device, &case.name());
         let mut references = vec![(
             "explicit, ndarray f64",
             explicit_in_f64(&layer, &config, [&x, &r], padding.as_ref()),
@@ -208,9 +217,9 @@ fn forward_and_gradients_equal_the_explicit_path() {
                 [&x, &r],
                 padding.as_ref(),
                 AttentionPath::Explicit,
-                &device,
+                device,
             );
-            references.push(("explicit, wgpu", explicit));
+            references.push(("explicit, same backend", explicit));
         }
         for (reference, tensors) in references {
             assert_eq!(fused.len(), tensors.len());
@@ -268,7 +277,9 @@ fn assert_cached_equals_full(
     let layer = seeded_layer::<Wgpu>(&case.config(), seed, device);
     let (batch, seq) = (case.batch, case.seq);
     let x = randn::<Wgpu, 3>([batch, seq, case.heads * case.head_dim], seed + 10, device);
-    let padding = case.padding(device);
+    let padding = case
+        .padding()
+        .map(|flags| Tensor::<Wgpu, 2, Bool>::from_data(flags, device));
     let input = |x: Tensor<Wgpu, 3>, seen: usize| {
         let input = AttentionInput::new(x);
         match &padding {
@@ -331,29 +342,39 @@ fn half_precision_is_as_close_as_burns_own_half_precision_path() {
         eprintln!("gpu kernel: f16 skipped: the adapter has no SHADER_F16");
         return;
     }
+    half_precision_is_as_close_as_burns_own::<Wgpu, Half, burn::tensor::f16>(&device, 1e-2);
+}
+
+/// On backend `Low` (`Full`'s device, floats in `E`): the fused path's output and gradients are
+/// no further from the f64 explicit path than twice Burn's own explicit path in `E` (or 1e-3),
+/// and within `most` of the largest magnitude. Weights and inputs are drawn on `Full`.
+fn half_precision_is_as_close_as_burns_own<Full, Low, E>(device: &Full::Device, most: f64)
+where
+    Full: Backend,
+    Low: Backend<Device = Full::Device>,
+    E: burn::tensor::Element,
+{
     #[rustfmt::skip]
     let case = Case { batch: 2, seq: 65, heads: 4, kv_heads: 2, head_dim: 64, window: Some(40), padded: true, scored: true };
     let config = case.config();
     let shape = [case.batch, case.seq, case.heads * case.head_dim];
-    // Weights and inputs rounded to f16 first, so that every path starts from the same values.
-    let layer: MultiHeadAttention<Autodiff<Half>> = moved(
-        &seeded_layer::<Wgpu>(&config, 140, &device),
-        &config,
-        &device,
-    );
+    let what = std::any::type_name::<E>();
+    // Weights and inputs rounded to `E` first, so that every path starts from the same values.
+    let layer: MultiHeadAttention<Autodiff<Low>> =
+        moved(&seeded_layer::<Full>(&config, 140, device), &config, device);
     let [x, r] = [150, 160].map(|seed| {
-        randn::<Wgpu, 3>(shape, seed, &device)
+        randn::<Full, 3>(shape, seed, device)
             .into_data()
-            .convert::<burn::tensor::f16>()
+            .convert::<E>()
     });
-    let padding = case.padding(&device).map(Tensor::into_data);
-    let fused = fused_on_the_kernel(&layer, [&x, &r], padding.as_ref(), &device, "f16");
+    let padding = case.padding();
+    let fused = fused_on_the_kernel(&layer, [&x, &r], padding.as_ref(), device, what);
     let explicit = run(
         &layer,
         [&x, &r],
         padding.as_ref(),
         AttentionPath::Explicit,
-        &device,
+        device,
     );
     let want = explicit_in_f64(&layer, &config, [&x, &r], padding.as_ref());
     for ((name, fused), ((_, explicit), (_, want))) in fused.iter().zip(explicit.iter().zip(&want))
@@ -362,9 +383,41 @@ fn half_precision_is_as_close_as_burns_own_half_precision_path() {
         let error = |found: &TensorData| deviation(found, want, 0.0, 0.0, scale).max_rel;
         let (kernel, burn) = (error(fused), error(explicit));
         assert!(
-            kernel <= 1e-2 && kernel <= (2.0 * burn).max(1e-3),
-            "{name}: the kernel's f16 error {kernel:e} of the largest magnitude, Burn's f16 \
-             explicit path's {burn:e}"
+            kernel <= most && kernel <= (2.0 * burn).max(1e-3),
+            "{name}: the kernel's {what} error {kernel:e} of the largest magnitude, Burn's \
+             {what} explicit path's {burn:e}"
         );
+    }
+}
+
+/// The GPU kernel on Burn's CUDA backend (attention-core's `cuda` feature): f32 over every case,
+/// and bf16 (which wgpu lacks) where the device has it. Skipped, saying so, without a CUDA
+/// driver and device.
+#[cfg(feature = "cuda")]
+#[test]
+fn on_cuda_f32_and_bf16() {
+    use burn::backend::Cuda;
+    use burn::backend::cuda::CudaDevice;
+    use cubecl::Runtime;
+    // cudarc panics when it finds no driver to load.
+    let device = std::panic::catch_unwind(|| {
+        let device = CudaDevice::default();
+        let _ = Tensor::<Cuda, 1>::zeros([1], &device).into_data();
+        device
+    });
+    let Ok(device) = device else {
+        eprintln!("gpu kernel on CUDA skipped: no CUDA driver or device");
+        return;
+    };
+    forward_and_gradients_equal_the_explicit_path_on::<Cuda>(&device);
+    let bf16 = cubecl::cuda::CudaRuntime::client(&device)
+        .properties()
+        .supports_type(cubecl::ir::FloatKind::BF16);
+    if bf16 {
+        half_precision_is_as_close_as_burns_own::<Cuda, Cuda<burn::tensor::bf16>, burn::tensor::bf16>(
+            &device, 5e-2,
+        );
+    } else {
+        eprintln!("gpu kernel on CUDA: bf16 skipped: the device has no bf16");
     }
 }
