@@ -26,6 +26,40 @@ use burn::tensor::Bool;
 
 use crate::attend::ScoreRule;
 
+/// A kernel's forward output recorded as one node of Burn's autodiff graph, shared by the CPU and
+/// GPU kernels' `on_autodiff`: its parents are the query, key and value (`$nodes`) and the sinks
+/// where the layer has them (`$sinks`, an `Option`), its backward `$backward` (a `Backward` for 3
+/// and 4 parents) with the state `$saved`; untracked when no parent requires a gradient. A macro:
+/// burn-autodiff does not export the parents' type, and their count is 3 or 4.
+macro_rules! record_kernel_node {
+    ($backward:expr, $strategy:ty, $nodes:expr, $sinks:expr, $saved:expr, $output:expr) => {{
+        use burn::backend::autodiff::ops::OpsKind;
+        let (backward, saved, output) = ($backward, $saved, $output);
+        match $sinks {
+            None => match backward
+                .prepare::<$strategy>($nodes)
+                .compute_bound()
+                .stateful()
+            {
+                OpsKind::Tracked(prep) => prep.finish(saved, output),
+                OpsKind::UnTracked(prep) => prep.finish(output),
+            },
+            Some(sinks) => {
+                let [query, key, value] = $nodes;
+                let parents = [query, key, value, sinks];
+                match backward
+                    .prepare::<$strategy>(parents)
+                    .compute_bound()
+                    .stateful()
+                {
+                    OpsKind::Tracked(prep) => prep.finish(saved, output),
+                    OpsKind::UnTracked(prep) => prep.finish(output),
+                }
+            }
+        }
+    }};
+}
+
 // Without a CPU backend feature the list is empty.
 #[cfg_attr(not(any(feature = "ndarray", feature = "flex")), allow(unused))]
 mod backends;

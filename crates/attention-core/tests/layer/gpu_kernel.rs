@@ -212,9 +212,10 @@ fn forward_and_gradients_equal_the_explicit_path_on<B: Backend>(device: &B::Devi
             explicit_in_f64(&layer, &config, [&x, &r], padding.as_ref()),
         )];
         if i < 2 {
+            let inputs = [&x, &r];
             let explicit = run(
                 &layer,
-                [&x, &r],
+                inputs,
                 padding.as_ref(),
                 AttentionPath::Explicit,
                 device,
@@ -368,15 +369,10 @@ where
             .convert::<E>()
     });
     let padding = case.padding();
-    let fused = fused_on_the_kernel(&layer, [&x, &r], padding.as_ref(), device, what);
-    let explicit = run(
-        &layer,
-        [&x, &r],
-        padding.as_ref(),
-        AttentionPath::Explicit,
-        device,
-    );
-    let want = explicit_in_f64(&layer, &config, [&x, &r], padding.as_ref());
+    let (inputs, padding) = ([&x, &r], padding.as_ref());
+    let fused = fused_on_the_kernel(&layer, inputs, padding, device, what);
+    let explicit = run(&layer, inputs, padding, AttentionPath::Explicit, device);
+    let want = explicit_in_f64(&layer, &config, inputs, padding);
     for ((name, fused), ((_, explicit), (_, want))) in fused.iter().zip(explicit.iter().zip(&want))
     {
         let scale = largest(want);

@@ -10,7 +10,7 @@ use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::prelude::*;
 use burn::tensor::{Bool, DType, Element, TensorData, TensorPrimitive};
 
@@ -94,27 +94,8 @@ fn tracked<I: Backend, C: CheckpointStrategy, E: HostFloat>(
         forward,
         device,
     };
-    // The node over its parents: 3 or 4 of them (burn-autodiff does not export their type, so a
-    // macro rather than a function generic over the count).
-    macro_rules! record {
-        ($parents:expr) => {
-            match FlashBackward::<E>(PhantomData)
-                .prepare::<C>($parents)
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish(saved, output),
-                OpsKind::UnTracked(prep) => prep.finish(output),
-            }
-        };
-    }
-    let output = match sinks_node {
-        None => record!(nodes),
-        Some(sinks) => {
-            let [query, key, value] = nodes;
-            record!([query, key, value, sinks])
-        }
-    };
+    let backward = FlashBackward::<E>(PhantomData);
+    let output = record_kernel_node!(backward, C, nodes, sinks_node, saved, output);
     Tensor::from_primitive(TensorPrimitive::Float(output))
 }
 

@@ -7,7 +7,7 @@ use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, DType, TensorPrimitive};
@@ -75,27 +75,7 @@ fn tracked<I: FlashBackend, C: CheckpointStrategy>(
         lse,
         call,
     };
-    // The node over its parents: 3 or 4 of them (burn-autodiff does not export their type, so a
-    // macro rather than a function generic over the count).
-    macro_rules! record {
-        ($parents:expr) => {
-            match FlashBackward
-                .prepare::<C>($parents)
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish(saved, output),
-                OpsKind::UnTracked(prep) => prep.finish(output),
-            }
-        };
-    }
-    let output = match sinks_node {
-        None => record!(nodes),
-        Some(sinks) => {
-            let [query, key, value] = nodes;
-            record!([query, key, value, sinks])
-        }
-    };
+    let output = record_kernel_node!(FlashBackward, C, nodes, sinks_node, saved, output);
     Tensor::from_primitive(TensorPrimitive::Float(output))
 }
 
