@@ -116,7 +116,7 @@ impl<B: Backend> DecoderBlock<B> {
 /// norm and the LM head) run on `[batch · seq, width]` rows. Besides being the plain shape for
 /// their matrix products, this avoids a fault of Burn 0.21's fusion on wgpu: an RMSNorm read by
 /// the gate and up projections as `[batch ≥ 2, 1, width]` (a decode step of a batch) gave wrong
-/// values for the rows after the first (`crates/hf-models/tests/fixtures.rs` runs the padded
+/// values for the rows after the first (`crates/hf-models/tests/models/fixtures.rs` runs the padded
 /// batch on wgpu).
 ///
 /// # Shapes

@@ -1,0 +1,8 @@
+//! The model crate's integration tests, one binary (its generic code compiled once for every
+//! backend the modules use, instead of once per file).
+//!
+//! - `whole`: shapes, causality, cached == uncached generation, record round trip, training.
+//! - `checkpoint`: round trips, config/weight disagreements, mutated files.
+
+mod checkpoint;
+mod whole;
