@@ -42,6 +42,7 @@ mod error;
 mod kernels;
 pub mod mask;
 mod mha;
+pub mod projection;
 mod qk_norm;
 mod rope;
 mod route;

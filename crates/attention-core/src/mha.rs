@@ -9,6 +9,7 @@ use crate::attend::{self, AttentionPath, AttentionScores, ScoreRule};
 use crate::cache::KvCache;
 use crate::error::AttentionError;
 use crate::kernels::{self, CachedInputs, KernelInputs, NewKv};
+use crate::projection;
 use crate::qk_norm::{QkNorm, QkNormConfig, QkNormScope};
 use crate::rope::{Positions, RopeConfig, Rotary};
 use crate::route::{Call, Route, route};
@@ -456,7 +457,7 @@ impl<B: Backend> MultiHeadAttention<B> {
                     key_padding,
                     scores: self.score_rule(),
                 });
-                return Ok(self.output_layer.forward(context));
+                return Ok(projection::linear(&self.output_layer, context));
             }
             Route::Explicit => {
                 let [q, k, v] = self.project(x, &positions, HeadLayout::Split);
@@ -599,7 +600,7 @@ impl<B: Backend> MultiHeadAttention<B> {
                 key_padding,
                 scores: self.score_rule(),
             });
-            let output = self.output_layer.forward(context);
+            let output = projection::linear(&self.output_layer, context);
             cache.settle()?;
             return Ok(output);
         }
@@ -764,7 +765,7 @@ impl<B: Backend> MultiHeadAttention<B> {
         layers.map(|(layer, heads, norm, angles)| {
             let norm_at = |at: QkNormScope| norm.filter(|_| scope == Some(at));
             // [batch, seq, heads · head_dim]
-            let projected = layer.forward(x.clone());
+            let projected = projection::linear(layer, x.clone());
             let projected = match norm_at(QkNormScope::Width) {
                 Some(norm) => norm.forward(projected),
                 None => projected,
@@ -823,7 +824,7 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// - `context`: `[batch, heads, seq, head_dim]`
     /// - output: `[batch, seq, output_dim]`
     fn merge_and_project(&self, context: Tensor<B, 4>) -> Tensor<B, 3> {
-        self.output_layer.forward(merge_heads(context))
+        projection::linear(&self.output_layer, merge_heads(context))
     }
 }
 

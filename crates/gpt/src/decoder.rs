@@ -2,7 +2,7 @@
 //! where a family has them), the blocks, a final norm and the LM head, with and without the
 //! blocks' KV caches.
 
-use attention_core::{AttentionError, KvCache};
+use attention_core::{AttentionError, KvCache, projection};
 use burn::nn::{Dropout, Embedding, Linear};
 use burn::prelude::*;
 use thiserror::Error;
@@ -204,9 +204,9 @@ impl<B: Backend> Decoder<B> {
     /// - output: `[tokens, vocab]`
     fn lm_head(&self, rows: Tensor<B, 2>) -> Tensor<B, 2> {
         let logits = match &self.lm_head {
-            Some(head) => head.forward(rows),
-            // `[vocab, width]`
-            None => rows.matmul(self.token_embedding.weight.val().transpose()),
+            Some(head) => projection::linear(head, rows),
+            // `[vocab, width]`, read in place as `[width, vocab]`
+            None => projection::matmul(rows, self.token_embedding.weight.val().transpose()),
         };
         match self.logit_softcap {
             Some(cap) => logits.div_scalar(cap).tanh().mul_scalar(cap),

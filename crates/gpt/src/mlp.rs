@@ -2,6 +2,7 @@
 //! gated one, `down(act(gate(x)) ⊙ up(x))` — the book's GELU-gated feed-forward and the Llama
 //! family's SwiGLU.
 
+use attention_core::projection;
 use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::activation::{gelu, sigmoid, silu};
@@ -109,8 +110,8 @@ impl<B: Backend> PlainMlp<B> {
     /// # Shapes
     /// - `x`, output: `[..., width]`
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        self.projection
-            .forward(self.activation.forward(self.fc.forward(x)))
+        let hidden = self.activation.forward(projection::linear(&self.fc, x));
+        projection::linear(&self.projection, hidden)
     }
 }
 
@@ -120,8 +121,11 @@ impl<B: Backend> GatedMlp<B> {
     /// # Shapes
     /// - `x`, output: `[..., width]`
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let gated = self.activation.forward(self.gate.forward(x.clone())) * self.up.forward(x);
-        self.down.forward(gated)
+        let gate = self
+            .activation
+            .forward(projection::linear(&self.gate, x.clone()));
+        let gated = gate * projection::linear(&self.up, x);
+        projection::linear(&self.down, gated)
     }
 }
 

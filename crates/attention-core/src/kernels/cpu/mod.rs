@@ -6,11 +6,15 @@
 //! - `simd.rs`: its vector-width inner loops (the one module with `unsafe`)
 //! - `op.rs`: the kernel as a Burn operation, with its autodiff node
 //! - `host_cache.rs`: a key/value cache's storage in the kernel's layout
+//! - `matvec.rs`: a decoding step's few-row projections, the weights read in place
 
 mod host_cache;
 pub mod kernel;
+mod matvec;
 mod op;
 mod simd;
 
 pub(crate) use host_cache::HostStorage;
+pub(crate) use matvec::rows_times;
 pub(crate) use op::{cached, forward, on_autodiff};
+pub(crate) use simd::MAX_PRODUCT_ROWS;

@@ -1,6 +1,7 @@
 //! The kernel's inner loops at the CPU's full vector width: block products on `gemm`'s
-//! microkernels (AVX-512 where the CPU has it, chosen at run time), and the `f32` softmax loops
-//! (`max`, `exp(x − shift)` and its sum) compiled once per instruction set and picked at run time.
+//! microkernels (AVX-512 where the CPU has it, chosen at run time), the `f32` softmax loops
+//! (`max`, `exp(x − shift)` and its sum) and the few-row products of `matvec.rs`, compiled once per
+//! instruction set and picked at run time.
 //!
 //! Safe Rust here is compiled for baseline x86-64 (SSE2), and `matrixmultiply`'s `sgemm` stops
 //! at AVX2: on a CPU with two AVX-512 FMA ports both leave half the machine idle. This is the
@@ -11,6 +12,7 @@
 #![allow(unsafe_code)]
 
 use std::any::TypeId;
+use std::ops::Range;
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayBase, Data, DataMut, Ix2, LinalgScalar};
@@ -112,12 +114,178 @@ macro_rules! dispatch {
 
 dispatch!(fn max_f32(xs: &[f32]) -> f32 = portable::max);
 dispatch!(fn exp_shifted_sum_f32(xs: &mut [f32], shift: f32) -> f32 = portable::exp_shifted_sum);
+dispatch!(fn rows_times_row_major_f32(
+    x: &[f32], rows: usize, weight: &[f32], bias: Option<&[f32]>, columns: Range<usize>,
+    out: &mut [f32]
+) -> () = portable::rows_times_row_major);
+dispatch!(fn rows_times_column_major_f32(
+    x: &[f32], rows: usize, weight: &[f32], bias: Option<&[f32]>, columns: Range<usize>,
+    out: &mut [f32]
+) -> () = portable::rows_times_column_major);
+
+/// The most rows [`rows_times_row_major_f32`] and [`rows_times_column_major_f32`] take: each row
+/// count is its own unrolled loop, the accumulators of all rows held at once.
+pub(crate) const MAX_PRODUCT_ROWS: usize = 8;
 
 /// The bodies, written so that the compiler vectorizes them at whatever width the instruction
 /// set of the function they are inlined into allows (16 independent lanes, so that neither the
 /// max nor the sum is a serial chain).
 mod portable {
+    use std::ops::Range;
+
     const LANES: usize = 16;
+    /// Output columns per tile of the row-major product: two AVX-512 registers per row, so that
+    /// eight rows' accumulators stay in registers.
+    const TILE: usize = 32;
+
+    /// Columns `columns` of `x · weight + bias`, each read once for all rows.
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, k]`, row-major; `weight`: `[k, n]`, row-major; `bias`: `[n]`
+    /// - `out`: `[columns.len(), rows]`, column by column (a task's columns are one piece of the
+    ///   whole output)
+    ///
+    /// # Panics
+    /// When `rows` is 0 or over 8, or the slices are shorter than the shapes say.
+    #[inline(always)]
+    pub fn rows_times_row_major(
+        x: &[f32],
+        rows: usize,
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        columns: Range<usize>,
+        out: &mut [f32],
+    ) {
+        match rows {
+            1 => row_major::<1>(x, weight, bias, columns, out),
+            2 => row_major::<2>(x, weight, bias, columns, out),
+            3 => row_major::<3>(x, weight, bias, columns, out),
+            4 => row_major::<4>(x, weight, bias, columns, out),
+            5 => row_major::<5>(x, weight, bias, columns, out),
+            6 => row_major::<6>(x, weight, bias, columns, out),
+            7 => row_major::<7>(x, weight, bias, columns, out),
+            8 => row_major::<8>(x, weight, bias, columns, out),
+            _ => panic!("{rows} rows: a product takes 1 to 8"),
+        }
+    }
+
+    /// [`rows_times_row_major`] with `weight` column-major: `[n, k]` row-major, each output
+    /// column's weights contiguous (the transpose of an embedding table, a tied LM head).
+    #[inline(always)]
+    pub fn rows_times_column_major(
+        x: &[f32],
+        rows: usize,
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        columns: Range<usize>,
+        out: &mut [f32],
+    ) {
+        match rows {
+            1 => column_major::<1>(x, weight, bias, columns, out),
+            2 => column_major::<2>(x, weight, bias, columns, out),
+            3 => column_major::<3>(x, weight, bias, columns, out),
+            4 => column_major::<4>(x, weight, bias, columns, out),
+            5 => column_major::<5>(x, weight, bias, columns, out),
+            6 => column_major::<6>(x, weight, bias, columns, out),
+            7 => column_major::<7>(x, weight, bias, columns, out),
+            8 => column_major::<8>(x, weight, bias, columns, out),
+            _ => panic!("{rows} rows: a product takes 1 to 8"),
+        }
+    }
+
+    /// `R` rows of `x`, one slice each.
+    #[inline(always)]
+    fn row_slices<const R: usize>(x: &[f32]) -> [&[f32]; R] {
+        let k = x.len() / R;
+        std::array::from_fn(|r| &x[r * k..(r + 1) * k])
+    }
+
+    /// Tiles of [`TILE`] columns: for each input feature, one weight row piece (read once)
+    /// times every row's feature, added into accumulators that stay in registers.
+    #[inline(always)]
+    fn row_major<const R: usize>(
+        x: &[f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        columns: Range<usize>,
+        out: &mut [f32],
+    ) {
+        let rows = row_slices::<R>(x);
+        let k = rows[0].len();
+        let n = weight.len() / k.max(1);
+        let mut start = columns.start;
+        while start < columns.end {
+            let width = TILE.min(columns.end - start);
+            let mut acc = [[0.0f32; TILE]; R];
+            if let Some(bias) = bias {
+                for row in &mut acc {
+                    row[..width].copy_from_slice(&bias[start..start + width]);
+                }
+            }
+            if width == TILE {
+                for (feature, weights) in weight.chunks_exact(n).enumerate() {
+                    let weights: &[f32; TILE] = weights[start..start + TILE].try_into().unwrap();
+                    for (acc, row) in acc.iter_mut().zip(&rows) {
+                        let x = row[feature];
+                        for (a, &w) in acc.iter_mut().zip(weights) {
+                            *a += x * w;
+                        }
+                    }
+                }
+            } else {
+                for (feature, weights) in weight.chunks_exact(n).enumerate() {
+                    let weights = &weights[start..start + width];
+                    for (acc, row) in acc.iter_mut().zip(&rows) {
+                        let x = row[feature];
+                        for (a, &w) in acc.iter_mut().zip(weights) {
+                            *a += x * w;
+                        }
+                    }
+                }
+            }
+            let tile = &mut out[(start - columns.start) * R..(start - columns.start + width) * R];
+            for (column, out) in tile.chunks_exact_mut(R).enumerate() {
+                for (out, acc) in out.iter_mut().zip(&acc) {
+                    *out = acc[column];
+                }
+            }
+            start += width;
+        }
+    }
+
+    /// One output column at a time: its contiguous weights against every row, 16 lanes each.
+    #[inline(always)]
+    fn column_major<const R: usize>(
+        x: &[f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        columns: Range<usize>,
+        out: &mut [f32],
+    ) {
+        let rows = row_slices::<R>(x);
+        let k = rows[0].len();
+        let tail = k - k % LANES;
+        for (column, out) in columns.zip(out.chunks_exact_mut(R)) {
+            let weights = &weight[column * k..(column + 1) * k];
+            let mut lanes = [[0.0f32; LANES]; R];
+            for (chunk, weights) in weights.chunks_exact(LANES).enumerate() {
+                for (lanes, row) in lanes.iter_mut().zip(&rows) {
+                    let row = &row[chunk * LANES..(chunk + 1) * LANES];
+                    for ((lane, &x), &w) in lanes.iter_mut().zip(row).zip(weights) {
+                        *lane += x * w;
+                    }
+                }
+            }
+            for ((out, lanes), row) in out.iter_mut().zip(&lanes).zip(&rows) {
+                let rest: f32 = row[tail..]
+                    .iter()
+                    .zip(&weights[tail..])
+                    .map(|(&x, &w)| x * w)
+                    .sum();
+                *out = lanes.iter().sum::<f32>() + rest + bias.map_or(0.0, |bias| bias[column]);
+            }
+        }
+    }
 
     /// The largest element, `-inf` for none. NaN is not expected (scores are finite or `-inf`).
     #[inline(always)]
@@ -264,6 +432,45 @@ mod tests {
         let sum = exp_shifted_sum_f32(&mut xs, 0.0);
         assert_eq!(&xs[..3], &[0.0; 3]);
         assert_eq!((xs[3], sum), (1.0, 1.0));
+    }
+
+    /// The dispatched few-row products round exactly as their portable bodies (the same sums in
+    /// the same order, only wider), for every row count, both layouts, a column range that
+    /// starts inside the weight and ends in a partial tile.
+    #[test]
+    fn few_row_products_are_their_portable_bodies() {
+        let (k, n) = (37, 70);
+        let weight = values(k * n, 11);
+        let bias = values(n, 12);
+        for rows in 1..=MAX_PRODUCT_ROWS {
+            let x = values(rows * k, rows as u32);
+            let columns = 3..n;
+            let mut expected = vec![0.0; columns.len() * rows];
+            let mut got = expected.clone();
+            portable::rows_times_row_major(
+                &x,
+                rows,
+                &weight,
+                Some(&bias),
+                columns.clone(),
+                &mut expected,
+            );
+            rows_times_row_major_f32(&x, rows, &weight, Some(&bias), columns.clone(), &mut got);
+            assert_eq!(got, expected, "row-major, {rows} rows");
+            portable::rows_times_column_major(
+                &x,
+                rows,
+                &weight,
+                None,
+                columns.clone(),
+                &mut expected,
+            );
+            rows_times_column_major_f32(&x, rows, &weight, None, columns.clone(), &mut got);
+            assert_eq!(got, expected, "column-major, {rows} rows");
+            // The first output against a plain sum: `x[0] · weight[.., 3] + bias[3]`.
+            let plain: f32 = (0..k).map(|i| x[i] * weight[3 * k + i]).sum();
+            assert!((got[0] - plain).abs() <= 1e-5 * (1.0 + plain.abs()));
+        }
     }
 
     /// `mat_mul` against ndarray's `general_mat_mul` on odd sizes, row- and column-major and
