@@ -41,28 +41,11 @@ pub(crate) fn rows_times<B: Backend>(
         Some(bias) => Some(floats(bias.clone().into_data())?),
         None => None,
     };
-    let product = match weight.layout {
-        Layout::RowMajor => simd::rows_times_row_major_f32,
-        Layout::ColumnMajor => simd::rows_times_column_major_f32,
-    };
     let weights = weight.floats();
-    // The output column by column (`[out, rows]`), so that each task's columns are one piece.
-    let mut by_column = vec![0.0f32; n * rows];
-    let per_task = columns_per_task(n, rayon::current_num_threads());
-    by_column
-        .par_chunks_mut(per_task * rows)
-        .enumerate()
-        .for_each(|(task, out)| {
-            let start = task * per_task;
-            let columns = start..start + out.len() / rows;
-            product(&x, rows, weights, bias.as_deref(), columns, out);
-        });
-    let output = if rows == 1 {
-        by_column
-    } else {
-        (0..rows * n)
-            .map(|i| by_column[(i % n) * rows + i / n])
-            .collect()
+    let tasks = 4 * rayon::current_num_threads().max(1);
+    let output = match weight.layout {
+        Layout::RowMajor => row_major(&x, rows, weights, bias.as_deref(), tasks),
+        Layout::ColumnMajor => column_major(&x, rows, weights, bias.as_deref(), tasks),
     };
     Some(Tensor::from_data(
         TensorData::new(output, [rows, n]),
@@ -70,12 +53,75 @@ pub(crate) fn rows_times<B: Backend>(
     ))
 }
 
-/// Output columns per task: about four tasks per thread (so that a slow thread is not waited
-/// for), in whole 32-column tiles.
-fn columns_per_task(columns: usize, threads: usize) -> usize {
-    const TILE: usize = 32;
-    let tasks = 4 * threads.max(1);
-    columns.div_ceil(tasks).div_ceil(TILE) * TILE
+/// `x · weight + bias`, `weight` row-major `[k, n]`: each task streams one contiguous run of the
+/// weight's rows (its share of the input features) into partial sums, which are then added.
+///
+/// # Shapes
+/// - `x`: `[rows, k]`, `bias`: `[n]`, output: `[rows, n]`
+fn row_major(
+    x: &[f32],
+    rows: usize,
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    tasks: usize,
+) -> Vec<f32> {
+    let k = x.len() / rows;
+    let n = weight.len() / k;
+    let per_task = k.div_ceil(tasks);
+    let sum = weight
+        .par_chunks(per_task * n)
+        .enumerate()
+        .map(|(task, weight_rows)| {
+            let start = task * per_task;
+            let features = start..start + weight_rows.len() / n;
+            let mut partial = vec![0.0f32; rows * n];
+            simd::rows_times_row_major_f32(x, rows, features, weight_rows, &mut partial);
+            partial
+        })
+        .reduce_with(|mut total, partial| {
+            total.iter_mut().zip(&partial).for_each(|(t, p)| *t += p);
+            total
+        });
+    let mut output = sum.expect("k > 0: at least one task");
+    if let Some(bias) = bias {
+        for row in output.chunks_exact_mut(n) {
+            row.iter_mut().zip(bias).for_each(|(o, b)| *o += b);
+        }
+    }
+    output
+}
+
+/// `x · weight + bias`, `weight` column-major (`[n, k]` row-major): each task computes one
+/// contiguous run of output columns, streaming their weights in order.
+///
+/// # Shapes
+/// - `x`: `[rows, k]`, `bias`: `[n]`, output: `[rows, n]`
+fn column_major(
+    x: &[f32],
+    rows: usize,
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    tasks: usize,
+) -> Vec<f32> {
+    let k = x.len() / rows;
+    let n = weight.len() / k;
+    let per_task = n.div_ceil(tasks);
+    // The output column by column (`[n, rows]`), so that each task's columns are one piece.
+    let mut by_column = vec![0.0f32; n * rows];
+    by_column
+        .par_chunks_mut(per_task * rows)
+        .enumerate()
+        .for_each(|(task, out)| {
+            let start = task * per_task;
+            let columns = start..start + out.len() / rows;
+            simd::rows_times_column_major_f32(x, rows, weight, bias, columns, out);
+        });
+    if rows == 1 {
+        return by_column;
+    }
+    (0..rows * n)
+        .map(|i| by_column[(i % n) * rows + i / n])
+        .collect()
 }
 
 /// A tensor's elements as `f32`, `None` for another dtype.
@@ -241,13 +287,5 @@ mod tests {
         assert!(!taken::<NdArray<f64>>(1, DType::F64));
         assert!(!taken::<Flex>(1, DType::F64));
         assert!(!taken::<Autodiff<Flex>>(1, DType::F32));
-    }
-
-    #[test]
-    fn tasks_cover_whole_tiles() {
-        assert_eq!(columns_per_task(768, 2), 96);
-        assert_eq!(columns_per_task(1, 2), 32);
-        assert_eq!(columns_per_task(50_257, 2), 6304);
-        assert_eq!(columns_per_task(64, 0), 32);
     }
 }

@@ -115,8 +115,7 @@ macro_rules! dispatch {
 dispatch!(fn max_f32(xs: &[f32]) -> f32 = portable::max);
 dispatch!(fn exp_shifted_sum_f32(xs: &mut [f32], shift: f32) -> f32 = portable::exp_shifted_sum);
 dispatch!(fn rows_times_row_major_f32(
-    x: &[f32], rows: usize, weight: &[f32], bias: Option<&[f32]>, columns: Range<usize>,
-    out: &mut [f32]
+    x: &[f32], rows: usize, features: Range<usize>, weight_rows: &[f32], out: &mut [f32]
 ) -> () = portable::rows_times_row_major);
 dispatch!(fn rows_times_column_major_f32(
     x: &[f32], rows: usize, weight: &[f32], bias: Option<&[f32]>, columns: Range<usize>,
@@ -134,16 +133,13 @@ mod portable {
     use std::ops::Range;
 
     const LANES: usize = 16;
-    /// Output columns per tile of the row-major product: two AVX-512 registers per row, so that
-    /// eight rows' accumulators stay in registers.
-    const TILE: usize = 32;
 
-    /// Columns `columns` of `x · weight + bias`, each read once for all rows.
+    /// `out += x[.., features] · weight_rows`: the weight rows of `features` (one contiguous
+    /// piece of a row-major weight, streamed in order) times those features of every row.
     ///
     /// # Shapes
-    /// - `x`: `[rows, k]`, row-major; `weight`: `[k, n]`, row-major; `bias`: `[n]`
-    /// - `out`: `[columns.len(), rows]`, column by column (a task's columns are one piece of the
-    ///   whole output)
+    /// - `x`: `[rows, k]`, row-major; `weight_rows`: `[features.len(), n]`, row-major
+    /// - `out`: `[rows, n]`
     ///
     /// # Panics
     /// When `rows` is 0 or over 8, or the slices are shorter than the shapes say.
@@ -151,26 +147,34 @@ mod portable {
     pub fn rows_times_row_major(
         x: &[f32],
         rows: usize,
-        weight: &[f32],
-        bias: Option<&[f32]>,
-        columns: Range<usize>,
+        features: Range<usize>,
+        weight_rows: &[f32],
         out: &mut [f32],
     ) {
         match rows {
-            1 => row_major::<1>(x, weight, bias, columns, out),
-            2 => row_major::<2>(x, weight, bias, columns, out),
-            3 => row_major::<3>(x, weight, bias, columns, out),
-            4 => row_major::<4>(x, weight, bias, columns, out),
-            5 => row_major::<5>(x, weight, bias, columns, out),
-            6 => row_major::<6>(x, weight, bias, columns, out),
-            7 => row_major::<7>(x, weight, bias, columns, out),
-            8 => row_major::<8>(x, weight, bias, columns, out),
+            1 => row_major::<1>(x, features, weight_rows, out),
+            2 => row_major::<2>(x, features, weight_rows, out),
+            3 => row_major::<3>(x, features, weight_rows, out),
+            4 => row_major::<4>(x, features, weight_rows, out),
+            5 => row_major::<5>(x, features, weight_rows, out),
+            6 => row_major::<6>(x, features, weight_rows, out),
+            7 => row_major::<7>(x, features, weight_rows, out),
+            8 => row_major::<8>(x, features, weight_rows, out),
             _ => panic!("{rows} rows: a product takes 1 to 8"),
         }
     }
 
-    /// [`rows_times_row_major`] with `weight` column-major: `[n, k]` row-major, each output
-    /// column's weights contiguous (the transpose of an embedding table, a tied LM head).
+    /// Columns `columns` of `x · weight + bias`, `weight` column-major: `[n, k]` row-major, each
+    /// output column's weights contiguous (the transpose of an embedding table, a tied LM head),
+    /// so that a range of columns is one contiguous piece, streamed in order.
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, k]`, row-major; `weight`: `[n, k]`, row-major; `bias`: `[n]`
+    /// - `out`: `[columns.len(), rows]`, column by column (a task's columns are one piece of the
+    ///   whole output)
+    ///
+    /// # Panics
+    /// When `rows` is 0 or over 8, or the slices are shorter than the shapes say.
     #[inline(always)]
     pub fn rows_times_column_major(
         x: &[f32],
@@ -200,56 +204,28 @@ mod portable {
         std::array::from_fn(|r| &x[r * k..(r + 1) * k])
     }
 
-    /// Tiles of [`TILE`] columns: for each input feature, one weight row piece (read once)
-    /// times every row's feature, added into accumulators that stay in registers.
+    /// One weight row at a time, read once: its product with each row's feature added into that
+    /// row's outputs (which stay in the first-level cache).
     #[inline(always)]
     fn row_major<const R: usize>(
         x: &[f32],
-        weight: &[f32],
-        bias: Option<&[f32]>,
-        columns: Range<usize>,
+        features: Range<usize>,
+        weight_rows: &[f32],
         out: &mut [f32],
     ) {
         let rows = row_slices::<R>(x);
-        let k = rows[0].len();
-        let n = weight.len() / k.max(1);
-        let mut start = columns.start;
-        while start < columns.end {
-            let width = TILE.min(columns.end - start);
-            let mut acc = [[0.0f32; TILE]; R];
-            if let Some(bias) = bias {
-                for row in &mut acc {
-                    row[..width].copy_from_slice(&bias[start..start + width]);
+        let n = out.len() / R;
+        let mut outs: [&mut [f32]; R] = {
+            let mut chunks = out.chunks_exact_mut(n);
+            std::array::from_fn(|_| chunks.next().expect("R rows of n outputs"))
+        };
+        for (feature, weights) in features.zip(weight_rows.chunks_exact(n)) {
+            for (out, row) in outs.iter_mut().zip(&rows) {
+                let x = row[feature];
+                for (o, &w) in out.iter_mut().zip(weights) {
+                    *o += x * w;
                 }
             }
-            if width == TILE {
-                for (feature, weights) in weight.chunks_exact(n).enumerate() {
-                    let weights: &[f32; TILE] = weights[start..start + TILE].try_into().unwrap();
-                    for (acc, row) in acc.iter_mut().zip(&rows) {
-                        let x = row[feature];
-                        for (a, &w) in acc.iter_mut().zip(weights) {
-                            *a += x * w;
-                        }
-                    }
-                }
-            } else {
-                for (feature, weights) in weight.chunks_exact(n).enumerate() {
-                    let weights = &weights[start..start + width];
-                    for (acc, row) in acc.iter_mut().zip(&rows) {
-                        let x = row[feature];
-                        for (a, &w) in acc.iter_mut().zip(weights) {
-                            *a += x * w;
-                        }
-                    }
-                }
-            }
-            let tile = &mut out[(start - columns.start) * R..(start - columns.start + width) * R];
-            for (column, out) in tile.chunks_exact_mut(R).enumerate() {
-                for (out, acc) in out.iter_mut().zip(&acc) {
-                    *out = acc[column];
-                }
-            }
-            start += width;
         }
     }
 
@@ -435,8 +411,8 @@ mod tests {
     }
 
     /// The dispatched few-row products round exactly as their portable bodies (the same sums in
-    /// the same order, only wider), for every row count, both layouts, a column range that
-    /// starts inside the weight and ends in a partial tile.
+    /// the same order, only wider), for every row count and both layouts, on a feature range and
+    /// a column range that start inside the weight.
     #[test]
     fn few_row_products_are_their_portable_bodies() {
         let (k, n) = (37, 70);
@@ -444,10 +420,17 @@ mod tests {
         let bias = values(n, 12);
         for rows in 1..=MAX_PRODUCT_ROWS {
             let x = values(rows * k, rows as u32);
+            let features = 5..k;
+            let weight_rows = &weight[5 * n..];
+            let mut expected = values(rows * n, 13);
+            let mut got = expected.clone();
+            portable::rows_times_row_major(&x, rows, features.clone(), weight_rows, &mut expected);
+            rows_times_row_major_f32(&x, rows, features.clone(), weight_rows, &mut got);
+            assert_eq!(got, expected, "row-major, {rows} rows");
             let columns = 3..n;
             let mut expected = vec![0.0; columns.len() * rows];
             let mut got = expected.clone();
-            portable::rows_times_row_major(
+            portable::rows_times_column_major(
                 &x,
                 rows,
                 &weight,
@@ -455,20 +438,10 @@ mod tests {
                 columns.clone(),
                 &mut expected,
             );
-            rows_times_row_major_f32(&x, rows, &weight, Some(&bias), columns.clone(), &mut got);
-            assert_eq!(got, expected, "row-major, {rows} rows");
-            portable::rows_times_column_major(
-                &x,
-                rows,
-                &weight,
-                None,
-                columns.clone(),
-                &mut expected,
-            );
-            rows_times_column_major_f32(&x, rows, &weight, None, columns.clone(), &mut got);
+            rows_times_column_major_f32(&x, rows, &weight, Some(&bias), columns.clone(), &mut got);
             assert_eq!(got, expected, "column-major, {rows} rows");
             // The first output against a plain sum: `x[0] · weight[.., 3] + bias[3]`.
-            let plain: f32 = (0..k).map(|i| x[i] * weight[3 * k + i]).sum();
+            let plain: f32 = (0..k).map(|i| x[i] * weight[3 * k + i]).sum::<f32>() + bias[3];
             assert!((got[0] - plain).abs() <= 1e-5 * (1.0 + plain.abs()));
         }
     }
