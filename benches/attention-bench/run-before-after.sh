@@ -4,7 +4,8 @@
 # drift on a shared machine hits both alike.
 #   benches/attention-bench/run-before-after.sh BEFORE_BIN_DIR AFTER_BIN_DIR out-prefix [rounds] [model dir ...]
 #   python3 benches/attention-bench/rounds.py out-prefix-before.jsonl   # and -after.jsonl
-# BIN_DIR holds attention-bench and lm-bench (target/release of each tree). Model directories as
+# BIN_DIR holds attention-bench and lm-bench (target/release of each tree, after
+# `cargo build --release -p attention-bench -p lm-bench`). Model directories as
 # save_pretrained writes them (peer_lm.py --save for GPT-2 small).
 set -uo pipefail
 before=$1 after=$2 out=$3 rounds=${4:-2}

@@ -164,20 +164,29 @@ pub fn fixture(name: &str) -> std::path::PathBuf {
 
 /// Instantiates generic test bodies `fn name<B: Backend>(device: &B::Device)` on every backend:
 /// a module per backend (`ndarray`, `flex`, `wgpu`) with one `#[test]` per body. On wgpu a test
-/// is skipped, saying why, when there is no adapter (see [`wgpu_device_for_test`]).
+/// is skipped, saying why, when there is no adapter (see [`wgpu_device_for_test`]). Bodies listed
+/// after `wgpu_all_cases_only:` run on the CPU backends always and on wgpu only under
+/// [`WGPU_ALL_CASES`]: each compiles a minute or more of new kernels on a software adapter (CI's),
+/// for arithmetic the CPU backends and the lighter wgpu tests already check.
 ///
 /// ```ignore
 /// fn rows_sum_to_one<B: Backend>(device: &B::Device) { /* … */ }
-/// attention_backends::backend_tests!(rows_sum_to_one);
+/// fn long_gradients<B: Backend>(device: &B::Device) { /* … */ }
+/// attention_backends::backend_tests!(rows_sum_to_one; wgpu_all_cases_only: long_gradients);
 /// ```
 #[macro_export]
 macro_rules! backend_tests {
     ($($body:ident),+ $(,)?) => {
+        $crate::backend_tests!($($body),+ ; wgpu_all_cases_only:);
+    };
+    ($($body:ident),* ; wgpu_all_cases_only: $($heavy:ident),* $(,)?) => {
         mod ndarray {
-            $( #[test] fn $body() { super::$body::<$crate::NdArray>(&Default::default()) } )+
+            $( #[test] fn $body() { super::$body::<$crate::NdArray>(&Default::default()) } )*
+            $( #[test] fn $heavy() { super::$heavy::<$crate::NdArray>(&Default::default()) } )*
         }
         mod flex {
-            $( #[test] fn $body() { super::$body::<$crate::Flex>(&Default::default()) } )+
+            $( #[test] fn $body() { super::$body::<$crate::Flex>(&Default::default()) } )*
+            $( #[test] fn $heavy() { super::$heavy::<$crate::Flex>(&Default::default()) } )*
         }
         mod wgpu {
             $(
@@ -187,7 +196,23 @@ macro_rules! backend_tests {
                         super::$body::<$crate::Wgpu>(&device)
                     }
                 }
-            )+
+            )*
+            $(
+                #[test]
+                fn $heavy() {
+                    if !$crate::wgpu_all_cases() {
+                        eprintln!(
+                            "{}: skipped on wgpu (set {}=1 to run it)",
+                            stringify!($heavy),
+                            $crate::WGPU_ALL_CASES
+                        );
+                        return;
+                    }
+                    if let Some(device) = $crate::wgpu_device_for_test(stringify!($heavy)) {
+                        super::$heavy::<$crate::Wgpu>(&device)
+                    }
+                }
+            )*
         }
     };
 }

@@ -152,6 +152,6 @@ fn causal_layer_matches_causal_reference<B: Backend>(device: &B::Device) {
 }
 
 attention_backends::backend_tests!(
-    import_matches_hugging_face,
-    causal_layer_matches_causal_reference
+    import_matches_hugging_face;
+    wgpu_all_cases_only: causal_layer_matches_causal_reference
 );

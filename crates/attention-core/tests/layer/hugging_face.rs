@@ -143,6 +143,6 @@ fn cached_decoding_matches_transformers<B: Backend>(device: &B::Device) {
 
 attention_backends::backend_tests!(
     forward_matches_transformers,
-    gradients_match_transformers,
-    cached_decoding_matches_transformers,
+    cached_decoding_matches_transformers;
+    wgpu_all_cases_only: gradients_match_transformers,
 );

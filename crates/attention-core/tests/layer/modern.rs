@@ -181,7 +181,7 @@ fn left_padded_rows_with_positions_equal_unpadded_rows<B: Backend>(device: &B::D
 
 attention_backends::backend_tests!(
     full_kv_heads_are_plain_attention,
-    grouped_heads_equal_repeated_key_value_weights,
     cached_decoding_with_rope_and_window_equals_full_forward,
-    left_padded_rows_with_positions_equal_unpadded_rows,
+    left_padded_rows_with_positions_equal_unpadded_rows;
+    wgpu_all_cases_only: grouped_heads_equal_repeated_key_value_weights,
 );

@@ -2,7 +2,7 @@
 //! as `peer_lm.py` times transformers' `generate`: one JSON line per batch size.
 //!
 //! ```text
-//! cargo run --release -p attention-bench --bin lm-bench -- --model DIR --backend flex \
+//! cargo run --release -p lm-bench -- --model DIR --backend flex \
 //!     --batch 1 --batch 8 --prompt 128 --new 128 --threads 2
 //! ```
 //!
