@@ -7,24 +7,7 @@ use burn::prelude::*;
 use hf_models::{CausalLm, GenerateConfig, Generation, Prompts};
 use tensor_files::{RawTensor, Tensors};
 
-/// The model directories, Llama first: wgpu runs the first two (see `cases_on`). After the
-/// first four, today's small families (q/k norms per head and over the width; Gemma's sandwich
-/// of `1 + w` norms, scaled embeddings, score scale, soft-caps and windows on some layers, with
-/// RoPE per layer type in Gemma 3; fused tensors with partial RoPE; layers without RoPE) and a
-/// Llama stored in bfloat16.
-const MODELS: [&str; 11] = [
-    "llama_tiny_s1",
-    "gpt2_tiny_s0",
-    "qwen2_tiny_s2",
-    "mistral_tiny_s3",
-    "qwen3_s20",
-    "gemma2_s21",
-    "gemma3_s22",
-    "phi3_s23",
-    "olmo2_s24",
-    "smollm3_s25",
-    "llama_bf16_s26",
-];
+use crate::MODELS;
 
 struct Expected {
     tensors: Tensors,

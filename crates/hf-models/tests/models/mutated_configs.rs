@@ -12,18 +12,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Value, json};
 
-const MODELS: [&str; 10] = [
-    "gpt2_tiny_s0",
-    "llama_tiny_s1",
-    "qwen2_tiny_s2",
-    "mistral_tiny_s3",
-    "qwen3_s20",
-    "gemma2_s21",
-    "gemma3_s22",
-    "phi3_s23",
-    "olmo2_s24",
-    "smollm3_s25",
-];
+use crate::MODELS;
 
 /// What a mutation puts in a field's place (`None`: the field is removed).
 fn replacement() -> impl Strategy<Value = Option<Value>> {
@@ -110,7 +99,8 @@ fn mutated_configs_load_or_are_refused_never_panic() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(500);
-    for name in MODELS {
+    // The bf16 Llama's config is the f32 one's but for its dtype.
+    for name in MODELS.iter().filter(|name| !name.contains("bf16")) {
         let dir = fixture(&format!("hf/{name}"));
         let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
         let config: Value = serde_json::from_str(&text).unwrap();
