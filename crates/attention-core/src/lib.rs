@@ -32,10 +32,13 @@
 //!   named in one place (`kernels/mod.rs`); `kernels/cpu/` is the CPU kernel behind the fused
 //!   path on ndarray and burn-flex, with its own backward pass.
 //! - [`KvCache`]: incremental decoding (`cache.rs`).
+//! - [`projection`] and [`activation`]: the products and nonlinearities of the models built on
+//!   the layer, on the CPU kernel's host loops where a bare CPU backend runs them.
 //! - [`weights`]: PyTorch state dicts in and out (the chapter's, GPT-2's and Hugging Face Llama's
 //!   layouts, q/k norm weights included).
 #![warn(missing_docs)]
 
+pub mod activation;
 mod attend;
 mod cache;
 mod error;

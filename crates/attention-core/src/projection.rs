@@ -42,8 +42,7 @@ fn on_few_rows<B: Backend, const D: usize>(
 ) -> Option<Tensor<B, D>> {
     let dims = x.dims();
     let rows: usize = dims[..D - 1].iter().product();
-    let bare_cpu = Kernel::of::<B>() == Some(Kernel::Cpu) && Kernel::keeps_cache::<B>();
-    if !bare_cpu || rows > MAX_PRODUCT_ROWS {
+    if !Kernel::on_bare_host::<B>() || rows > MAX_PRODUCT_ROWS {
         return None;
     }
     let output = rows_times(&x.clone().reshape([rows, dims[D - 1]]), weight, bias)?;

@@ -2,10 +2,11 @@
 //! gated one, `down(act(gate(x)) ⊙ up(x))` — the book's GELU-gated feed-forward and the Llama
 //! family's SwiGLU.
 
+use attention_core::activation::{gelu_tanh, silu};
 use attention_core::projection;
 use burn::nn::Linear;
 use burn::prelude::*;
-use burn::tensor::activation::{gelu, sigmoid, silu};
+use burn::tensor::activation::gelu;
 
 /// An MLP's nonlinearity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,22 +33,6 @@ impl Activation {
             Self::Silu => silu(x),
         }
     }
-}
-
-/// `0.5 x (1 + tanh(u))`, `u = √(2/π) (x + 0.044715 x³)`, computed as the same function
-/// `x σ(2u)` with `x · x · x`: Burn's `gelu_approximate` takes `powf` and `tanh`, which the CPU
-/// backends compute element by element through libm's `powf` and `tanhf` (with `expm1f`), about
-/// a fifth of GPT-2 small's prefill on flex (BENCHMARKS.md); burn-flex's `sigmoid` is one `expf`.
-///
-/// # Shapes
-/// - `x`, output: any shape
-fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    // 2 √(2/π)
-    const TWO_SQRT_2_OVER_PI: f64 =
-        2.0 * core::f64::consts::FRAC_2_SQRT_PI * core::f64::consts::FRAC_1_SQRT_2;
-    let cube = x.clone() * x.clone() * x.clone();
-    let twice_u = (x.clone() + cube * 0.044715) * TWO_SQRT_2_OVER_PI;
-    x * sigmoid(twice_u)
 }
 
 /// A block's feed-forward network.
@@ -126,38 +111,5 @@ impl<B: Backend> GatedMlp<B> {
             .forward(projection::linear(&self.gate, x.clone()));
         let gated = gate * projection::linear(&self.up, x);
         projection::linear(&self.down, gated)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use attention_backends::{Flex, NdArray};
-    use burn::tensor::activation::gelu_approximate;
-
-    use super::*;
-
-    /// The tanh GELU as `x σ(2u)` is Burn's `gelu_approximate` to float32 rounding, from the
-    /// flat negative tail through 0 to large values, where both must stay finite.
-    fn gelu_tanh_is_burns<B: Backend>() {
-        let device = Default::default();
-        let mut values: Vec<f32> = (-400..=400).map(|i| i as f32 * 0.025).collect();
-        values.extend([-1e4, -60.0, -12.0, 12.0, 60.0, 1e4, 1e-20, -1e-20, 0.0]);
-        let x = Tensor::<B, 1>::from_data(TensorData::new(values.clone(), [values.len()]), &device);
-        let ours: Vec<f32> = gelu_tanh(x.clone()).into_data().to_vec().unwrap();
-        let burns: Vec<f32> = gelu_approximate(x).into_data().to_vec().unwrap();
-        for ((x, ours), burns) in values.iter().zip(&ours).zip(&burns) {
-            assert!(ours.is_finite(), "gelu_tanh({x}) = {ours}");
-            let error = (ours - burns).abs();
-            assert!(
-                error <= 2e-6 * burns.abs().max(1.0),
-                "gelu_tanh({x}): {ours} vs Burn's {burns}"
-            );
-        }
-    }
-
-    #[test]
-    fn gelu_tanh_is_burns_on_ndarray_and_flex() {
-        gelu_tanh_is_burns::<NdArray>();
-        gelu_tanh_is_burns::<Flex>();
     }
 }

@@ -39,6 +39,13 @@ impl Kernel {
         entry::<B>().is_some_and(|entry| entry.keeps_cache)
     }
 
+    /// Whether `B` is a bare CPU backend (ndarray or flex, no `Autodiff`) whose `f32` buffers
+    /// this crate's host loops read and write: a decoding step's projections, the models'
+    /// nonlinearities.
+    pub(crate) fn on_bare_host<B: Backend>() -> bool {
+        Self::of::<B>() == Some(Self::Cpu) && Self::keeps_cache::<B>()
+    }
+
     /// How many attention calls (whole sequences and decoding steps) this kernel has computed on
     /// the calling thread: lets a test or a benchmark see which code ran (per thread, so that
     /// tests running side by side do not count each other's calls).

@@ -7,13 +7,16 @@
 //! - `op.rs`: the kernel as a Burn operation, with its autodiff node
 //! - `host_cache.rs`: a key/value cache's storage in the kernel's layout
 //! - `matvec.rs`: a decoding step's few-row projections, the weights read in place
+//! - `elementwise.rs`: the models' nonlinearities, one vectorized pass over a buffer
 
+mod elementwise;
 mod host_cache;
 pub mod kernel;
 mod matvec;
 mod op;
 mod simd;
 
+pub(crate) use elementwise::{Nonlinearity, in_place};
 pub(crate) use host_cache::HostStorage;
 pub(crate) use matvec::rows_times;
 pub(crate) use op::{cached, forward, on_autodiff};

@@ -122,6 +122,9 @@ dispatch!(fn rows_times_column_major_f32(
     out: &mut [f32]
 ) -> () = portable::rows_times_column_major);
 
+dispatch!(fn silu_f32(xs: &mut [f32]) -> () = portable::silu);
+dispatch!(fn gelu_tanh_f32(xs: &mut [f32]) -> () = portable::gelu_tanh);
+
 /// The most rows [`rows_times_row_major_f32`] and [`rows_times_column_major_f32`] take: each row
 /// count is its own unrolled loop, the accumulators of all rows held at once.
 pub(crate) const MAX_PRODUCT_ROWS: usize = 8;
@@ -296,6 +299,26 @@ mod portable {
             *lane += *x;
         }
         lanes.into_iter().sum()
+    }
+
+    /// `x ← x σ(x) = x / (1 + exp(−x))` for every element (SiLU).
+    #[inline(always)]
+    pub fn silu(xs: &mut [f32]) {
+        for x in xs {
+            *x /= 1.0 + exp(-*x);
+        }
+    }
+
+    /// `x ← 0.5 x (1 + tanh(u)) = x / (1 + exp(−2u))`, `u = √(2/π) (x + 0.044715 x³)`, for every
+    /// element (the tanh GELU).
+    #[inline(always)]
+    pub fn gelu_tanh(xs: &mut [f32]) {
+        const TWO_SQRT_2_OVER_PI: f32 =
+            (2.0 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2) as f32;
+        for x in xs {
+            let twice_u = TWO_SQRT_2_OVER_PI * (*x + 0.044_715 * *x * *x * *x);
+            *x /= 1.0 + exp(-twice_u);
+        }
     }
 
     /// `exp(x)` within 2 ulp of libm (Cephes' `expf` polynomial; tested), branch-free so that
