@@ -762,10 +762,17 @@ impl<B: Backend> MultiHeadAttention<B> {
             ),
             (&self.value_layer, self.num_kv_heads, None, None),
         ];
+        // On a bare CPU backend the three products are one call; elsewhere each is made when
+        // its turn comes (see above).
+        let mut on_host = projection::linears_on_host(layers.map(|(layer, ..)| layer), &x)
+            .map(IntoIterator::into_iter);
         layers.map(|(layer, heads, norm, angles)| {
             let norm_at = |at: QkNormScope| norm.filter(|_| scope == Some(at));
             // [batch, seq, heads · head_dim]
-            let projected = projection::linear(layer, x.clone());
+            let projected = match on_host.as_mut().and_then(Iterator::next) {
+                Some(projected) => projected,
+                None => projection::linear(layer, x.clone()),
+            };
             let projected = match norm_at(QkNormScope::Width) {
                 Some(norm) => norm.forward(projected),
                 None => projected,

@@ -106,10 +106,14 @@ impl<B: Backend> GatedMlp<B> {
     /// # Shapes
     /// - `x`, output: `[..., width]`
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let gate = self
-            .activation
-            .forward(projection::linear(&self.gate, x.clone()));
-        let gated = gate * projection::linear(&self.up, x);
+        let [gate, up] =
+            projection::linears_on_host([&self.gate, &self.up], &x).unwrap_or_else(|| {
+                [
+                    projection::linear(&self.gate, x.clone()),
+                    projection::linear(&self.up, x),
+                ]
+            });
+        let gated = self.activation.forward(gate) * up;
         projection::linear(&self.down, gated)
     }
 }

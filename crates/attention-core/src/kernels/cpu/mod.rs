@@ -6,7 +6,8 @@
 //! - `simd.rs`: its vector-width inner loops (the one module with `unsafe`)
 //! - `op.rs`: the kernel as a Burn operation, with its autodiff node
 //! - `host_cache.rs`: a key/value cache's storage in the kernel's layout
-//! - `matvec.rs`: a decoding step's few-row projections, the weights read in place
+//! - `products.rs`: the projections on the host, every operand read in place
+//! - `matvec.rs`: its loops for a decoding step's few rows
 //! - `elementwise.rs`: the models' nonlinearities, one vectorized pass over a buffer
 
 mod elementwise;
@@ -14,10 +15,10 @@ mod host_cache;
 pub mod kernel;
 mod matvec;
 mod op;
+mod products;
 mod simd;
 
 pub(crate) use elementwise::{Nonlinearity, in_place};
 pub(crate) use host_cache::HostStorage;
-pub(crate) use matvec::rows_times;
 pub(crate) use op::{cached, forward, on_autodiff};
-pub(crate) use simd::MAX_PRODUCT_ROWS;
+pub(crate) use products::products;

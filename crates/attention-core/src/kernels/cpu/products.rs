@@ -1,0 +1,382 @@
+//! Projections, `x · weight + bias`, on the bare CPU backends, every operand read where it lies:
+//! a decoding step's few rows on `matvec.rs`'s loops; more rows on `gemm` over the whole
+//! `[rows, in]` buffer (batch and sequence as one dimension, one block of rows or columns per
+//! thread, the bias added in the same pass); and the products of one input with several weights
+//! (a layer's queries, keys and values) as one call.
+//!
+//! Burn's `Linear` on burn-flex runs a `[batch, seq, in]` input as one `gemm` per batch row
+//! (on one thread each, in parallel over the batch) and adds the bias in a second, broadcasting
+//! pass; burn-ndarray's `matrixmultiply` stops at AVX2. Nothing is packed ahead of time here
+//! (`gemm` packs its tiles inside each call), so nothing goes stale when an optimizer step
+//! changes a parameter: every call reads the weight's buffer as it is.
+
+use std::any::Any;
+
+use burn::prelude::*;
+use burn::tensor::{DType, TensorData, TensorPrimitive};
+use ndarray::{ArrayView2, ArrayViewMut2, Axis, ShapeBuilder, s};
+use rayon::prelude::*;
+
+use super::matvec;
+use super::simd::{self, MAX_PRODUCT_ROWS};
+
+/// The products of one input with `N` weights (and their biases), `x · weight + bias` each,
+/// computed here, or `None` (nothing consumed) where Burn's matmul should run them: a backend
+/// other than bare ndarray or flex, a dtype other than `f32`, an empty product, or a weight that
+/// is a view neither row- nor column-major. At a decoding step's few rows their tasks run side
+/// by side, so that a layer's three projections are one parallel pass over the three weights.
+///
+/// # Shapes
+/// - `x`: `[rows, in]`; each weight `[in, out_i]` (any layout), each bias `[out_i]`
+/// - outputs: `[rows, out_i]`
+pub(crate) fn products<B: Backend, const N: usize>(
+    x: &Tensor<B, 2>,
+    weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
+) -> Option<[Tensor<B, 2>; N]> {
+    let [rows, k] = x.dims();
+    let takes = |weight: &Tensor<B, 2>| {
+        let [k_weight, n] = weight.dims();
+        k_weight == k && n > 0 && weight.dtype() == DType::F32
+    };
+    if rows == 0 || k == 0 || x.dtype() != DType::F32 || !weights.iter().all(|(w, _)| takes(w)) {
+        return None;
+    }
+    let mut operands = Vec::with_capacity(N);
+    for (weight, bias) in weights {
+        let bias = match bias {
+            Some(bias) => Some(floats(bias.clone().into_data())?),
+            None => None,
+        };
+        operands.push((HostMatrix::of(weight)?, bias));
+    }
+    let device = x.device();
+    // The input in place where it is one row-major piece (a layer's input usually is).
+    let x_in_place = HostMatrix::of(x).filter(|x| x.layout == Layout::RowMajor);
+    let x_copy;
+    let x: &[f32] = match &x_in_place {
+        Some(x) => x.floats(),
+        None => {
+            x_copy = floats(x.clone().into_data())?;
+            &x_copy
+        }
+    };
+    let compute = |(weight, bias): &(HostMatrix, Option<Vec<f32>>)| {
+        let bias = bias.as_deref();
+        if rows <= MAX_PRODUCT_ROWS {
+            few_rows(x, rows, weight, bias)
+        } else {
+            many_rows(x, rows, weight, bias)
+        }
+    };
+    let outputs: Vec<Vec<f32>> = if rows <= MAX_PRODUCT_ROWS {
+        operands.par_iter().map(compute).collect()
+    } else {
+        // Each product is parallel already: one block of rows or columns per thread.
+        operands.iter().map(compute).collect()
+    };
+    let mut outputs = outputs.into_iter().zip(&operands);
+    Some(std::array::from_fn(|_| {
+        let (output, (weight, _)) = outputs.next().expect("one output per weight");
+        Tensor::from_data(TensorData::new(output, [rows, weight.columns]), &device)
+    }))
+}
+
+/// A decoding step's product: `matvec.rs`'s loops, one task per piece of the weight.
+///
+/// # Shapes
+/// - `x`: `[rows, k]`, `bias`: `[n]`, output: `[rows, n]`
+fn few_rows(x: &[f32], rows: usize, weight: &HostMatrix, bias: Option<&[f32]>) -> Vec<f32> {
+    let tasks = 4 * rayon::current_num_threads().max(1);
+    match weight.layout {
+        Layout::RowMajor => matvec::row_major(x, rows, weight.floats(), bias, tasks),
+        Layout::ColumnMajor => matvec::column_major(x, rows, weight.floats(), bias, tasks),
+    }
+}
+
+/// A prefill's product: the output starts as the bias in every row, and `gemm` adds
+/// `x · weight` to it in one task per thread, each a block of the output's rows (when there are
+/// more rows than columns) or of its columns (a weight streamed by one thread only), so that no
+/// task waits on another.
+///
+/// # Shapes
+/// - `x`: `[rows, k]`, `bias`: `[n]`, output: `[rows, n]`
+fn many_rows(x: &[f32], rows: usize, weight: &HostMatrix, bias: Option<&[f32]>) -> Vec<f32> {
+    let k = x.len() / rows;
+    let n = weight.columns;
+    let mut output = match bias {
+        Some(bias) => bias.repeat(rows),
+        None => vec![0.0; rows * n],
+    };
+    let x = ArrayView2::from_shape((rows, k), x).expect("x holds rows · k elements");
+    let weight = match weight.layout {
+        Layout::RowMajor => ArrayView2::from_shape((k, n), weight.floats()),
+        Layout::ColumnMajor => ArrayView2::from_shape((k, n).f(), weight.floats()),
+    }
+    .expect("the weight holds k · n elements");
+    let mut out = ArrayViewMut2::from_shape((rows, n), &mut output).expect("rows · n elements");
+    let keep = if bias.is_some() { 1.0 } else { 0.0 };
+    let threads = rayon::current_num_threads().max(1);
+    if rows >= n {
+        let block = rows.div_ceil(threads);
+        let blocks: Vec<_> = out.axis_chunks_iter_mut(Axis(0), block).collect();
+        blocks.into_par_iter().enumerate().for_each(|(i, mut out)| {
+            let x = x.slice(s![i * block..i * block + out.nrows(), ..]);
+            simd::mat_mul(1.0, &x, &weight, keep, &mut out);
+        });
+    } else {
+        // Whole vectors of columns per block.
+        let block = n.div_ceil(threads).next_multiple_of(16);
+        let blocks: Vec<_> = out.axis_chunks_iter_mut(Axis(1), block).collect();
+        blocks.into_par_iter().enumerate().for_each(|(i, mut out)| {
+            let weight = weight.slice(s![.., i * block..i * block + out.ncols()]);
+            simd::mat_mul(1.0, &x, &weight, keep, &mut out);
+        });
+    }
+    output
+}
+
+/// A tensor's elements as `f32`, `None` for another dtype.
+fn floats(data: TensorData) -> Option<Vec<f32>> {
+    data.into_vec::<f32>().ok()
+}
+
+/// How a matrix's elements lie in its buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `[rows, columns]` row-major: a `Linear`'s weight, a layer's input.
+    RowMajor,
+    /// `[columns, rows]` row-major, viewed transposed: an embedding table as a tied LM head.
+    ColumnMajor,
+}
+
+/// A 2-D `f32` tensor's buffer on a bare CPU backend, borrowed (the tensor's primitive keeps it
+/// alive).
+struct HostMatrix {
+    primitive: Primitive,
+    layout: Layout,
+    columns: usize,
+}
+
+/// The backends whose float buffers this module reads in place.
+enum Primitive {
+    #[cfg(feature = "flex")]
+    Flex(burn::backend::flex::FlexTensor),
+    #[cfg(feature = "ndarray")]
+    NdArray(burn::backend::ndarray::NdArrayTensor),
+}
+
+impl HostMatrix {
+    /// `matrix`'s `f32` buffer, row- or column-major, or `None` for any other backend (under
+    /// `Autodiff` too: a product that needs gradients is Burn's), dtype or layout.
+    fn of<B: Backend>(matrix: &Tensor<B, 2>) -> Option<Self> {
+        let columns = matrix.dims()[1];
+        let TensorPrimitive::Float(primitive) = matrix.clone().into_primitive() else {
+            return None;
+        };
+        let primitive: Box<dyn Any> = Box::new(primitive);
+        #[cfg(feature = "flex")]
+        let primitive = match primitive.downcast::<burn::backend::flex::FlexTensor>() {
+            Ok(tensor) => {
+                let (tensor, layout) = match tensor.as_slice::<f32>() {
+                    Some(_) => (*tensor, Layout::RowMajor),
+                    None => (tensor.transpose(0, 1), Layout::ColumnMajor),
+                };
+                let matrix = Self {
+                    primitive: Primitive::Flex(tensor),
+                    layout,
+                    columns,
+                };
+                return matrix.readable().then_some(matrix);
+            }
+            Err(other) => other,
+        };
+        #[cfg(feature = "ndarray")]
+        if let Ok(tensor) = primitive.downcast::<burn::backend::ndarray::NdArrayTensor>() {
+            use burn::backend::ndarray::NdArrayTensor;
+            let NdArrayTensor::F32(storage) = &*tensor else {
+                return None;
+            };
+            let layout = match storage.view().to_slice() {
+                Some(_) => Layout::RowMajor,
+                None => Layout::ColumnMajor,
+            };
+            let matrix = Self {
+                primitive: Primitive::NdArray(*tensor),
+                layout,
+                columns,
+            };
+            return matrix.readable().then_some(matrix);
+        }
+        #[cfg(not(feature = "ndarray"))]
+        let _ = primitive;
+        None
+    }
+
+    /// Whether [`Self::floats`] can lend the buffer in `layout`.
+    fn readable(&self) -> bool {
+        self.slice().is_some()
+    }
+
+    /// The elements in `layout`'s order.
+    fn floats(&self) -> &[f32] {
+        self.slice().expect("checked when made")
+    }
+
+    fn slice(&self) -> Option<&[f32]> {
+        match &self.primitive {
+            #[cfg(feature = "flex")]
+            Primitive::Flex(tensor) => tensor.as_slice::<f32>(),
+            #[cfg(feature = "ndarray")]
+            Primitive::NdArray(tensor) => match tensor {
+                burn::backend::ndarray::NdArrayTensor::F32(storage) => match self.layout {
+                    Layout::RowMajor => storage.view().to_slice(),
+                    Layout::ColumnMajor => storage.view().reversed_axes().to_slice(),
+                },
+                _ => None,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::{Autodiff, Flex, NdArray};
+    use burn::tensor::Distribution;
+
+    use super::*;
+
+    /// One product on the CPU kernel.
+    fn product<B: Backend>(
+        x: &Tensor<B, 2>,
+        weight: &Tensor<B, 2>,
+        bias: Option<&Tensor<B, 1>>,
+    ) -> Option<Tensor<B, 2>> {
+        let [output] = products(x, [(weight, bias)])?;
+        Some(output)
+    }
+
+    /// Burn's `x · weight + bias`.
+    fn burns<B: Backend>(
+        x: &Tensor<B, 2>,
+        weight: &Tensor<B, 2>,
+        bias: Option<&Tensor<B, 1>>,
+    ) -> Tensor<B, 2> {
+        let product = x.clone().matmul(weight.clone());
+        match bias {
+            Some(bias) => product + bias.clone().unsqueeze(),
+            None => product,
+        }
+    }
+
+    /// The largest difference from Burn's product, relative to the magnitude of the terms
+    /// (float32 rounding of a k-term sum).
+    fn error<B: Backend>(
+        ours: Tensor<B, 2>,
+        x: &Tensor<B, 2>,
+        weight: &Tensor<B, 2>,
+        bias: Option<&Tensor<B, 1>>,
+    ) -> f32 {
+        let magnitude = x.clone().abs().matmul(weight.clone().abs()).add_scalar(1.0);
+        let error = (ours - burns(x, weight, bias)).abs().div(magnitude).max();
+        error.into_scalar().elem()
+    }
+
+    /// [`product`] against Burn's matmul (plus bias): a decoding step's row counts (1 to 8) and a
+    /// prefill's (65, 130), widths that are not multiples of the 32-column tile or the 16 lanes,
+    /// both weight layouts, with and without a bias.
+    fn equals_burns_product<B: Backend>() {
+        let device = Default::default();
+        for (rows, k, n) in [
+            (1, 1, 1),
+            (1, 19, 33),
+            (7, 64, 130),
+            (8, 33, 7),
+            (3, 100, 96),
+            (9, 40, 17),
+            (65, 100, 130),
+            (130, 48, 200),
+        ] {
+            let x = Tensor::<B, 2>::random([rows, k], Distribution::Normal(0.0, 1.0), &device);
+            let row_major = Tensor::<B, 2>::random([k, n], Distribution::Normal(0.0, 1.0), &device);
+            // `[n, k]` viewed as `[k, n]`: an embedding table as a tied head.
+            let column_major =
+                Tensor::<B, 2>::random([n, k], Distribution::Normal(0.0, 1.0), &device).transpose();
+            let bias = Tensor::<B, 1>::random([n], Distribution::Normal(0.0, 1.0), &device);
+            for weight in [row_major, column_major] {
+                for bias in [None, Some(&bias)] {
+                    let ours = product(&x, &weight, bias).expect("a bare CPU backend");
+                    let error = error(ours, &x, &weight, bias);
+                    assert!(error <= 1e-6, "{rows}x{k}x{n}: {error}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn equals_burns_product_on_ndarray() {
+        equals_burns_product::<NdArray>();
+    }
+
+    #[test]
+    fn equals_burns_product_on_flex() {
+        equals_burns_product::<Flex>();
+    }
+
+    /// Several weights of one input (queries, keys, values of different widths, one without a
+    /// bias), at a decoding step's rows and a prefill's, and an input that is a transposed view.
+    fn several_weights_equal_burns<B: Backend>() {
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let k = 37;
+        let weights = [48, 17, 17].map(|n| Tensor::<B, 2>::random([k, n], normal, &device));
+        let biases = [48, 17].map(|n| Tensor::<B, 1>::random([n], normal, &device));
+        for rows in [1, 7, 65] {
+            let contiguous = Tensor::<B, 2>::random([rows, k], normal, &device);
+            let transposed = Tensor::<B, 2>::random([k, rows], normal, &device).transpose();
+            for x in [contiguous, transposed] {
+                let pairs = [
+                    (&weights[0], Some(&biases[0])),
+                    (&weights[1], Some(&biases[1])),
+                    (&weights[2], None),
+                ];
+                let outputs = products(&x, pairs).expect("a bare CPU backend");
+                for (ours, (weight, bias)) in outputs.into_iter().zip(pairs) {
+                    let error = error(ours, &x, weight, bias);
+                    assert!(error <= 1e-6, "{rows} rows: {error}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn several_weights_equal_burns_on_ndarray() {
+        several_weights_equal_burns::<NdArray>();
+    }
+
+    #[test]
+    fn several_weights_equal_burns_on_flex() {
+        several_weights_equal_burns::<Flex>();
+    }
+
+    /// Other float types, `Autodiff` and mismatched widths are Burn's to compute.
+    #[test]
+    fn leaves_what_it_does_not_take_to_burn() {
+        fn taken<B: Backend>(rows: usize, dtype: DType) -> bool {
+            let device = Default::default();
+            let x = Tensor::<B, 2>::ones([rows, 4], (&device, dtype));
+            product(&x, &Tensor::ones([4, 3], (&device, dtype)), None).is_some()
+        }
+        assert!(taken::<Flex>(MAX_PRODUCT_ROWS, DType::F32));
+        assert!(taken::<Flex>(MAX_PRODUCT_ROWS + 1, DType::F32));
+        assert!(taken::<NdArray>(1, DType::F32));
+        assert!(taken::<NdArray>(100, DType::F32));
+        assert!(!taken::<NdArray<f64>>(1, DType::F64));
+        assert!(!taken::<Flex>(1, DType::F64));
+        assert!(!taken::<Autodiff<Flex>>(1, DType::F32));
+        assert!(!taken::<Autodiff<Flex>>(100, DType::F32));
+        let device = Default::default();
+        let x = Tensor::<Flex, 2>::ones([2, 4], &device);
+        let narrow = Tensor::<Flex, 2>::ones([3, 5], &device);
+        assert!(product(&x, &narrow, None).is_none());
+    }
+}
