@@ -282,8 +282,8 @@ mod tests {
     }
 
     /// [`product`] against Burn's matmul (plus bias): a decoding step's row counts (1 to 8) and a
-    /// prefill's (65, 130), widths that are not multiples of the 32-column tile or the 16 lanes,
-    /// both weight layouts, with and without a bias.
+    /// prefill's (9, 65, 130), widths that are not multiples of the 16 lanes, both weight layouts,
+    /// with and without a bias.
     fn equals_burns_product<B: Backend>() {
         let device = Default::default();
         for (rows, k, n) in [
