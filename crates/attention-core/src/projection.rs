@@ -1,13 +1,13 @@
-//! Projections, `x · W (+ b)`, as the layer and the models built on it compute them: on a bare
-//! CPU backend in `f32`, the CPU kernel's products (`kernels/cpu/products.rs`: the weights read in
+//! Projections, `x · W (+ b)`, as the layer and the models built on it compute them: on a CPU
+//! backend in `f32`, the CPU kernel's products (`kernels/cpu/products.rs`: the weights read in
 //! place, a decoding step's few rows on every thread, more rows on `gemm` as one `[rows, in]`
-//! product with the bias in the same pass); everywhere else, Burn's `Linear` and `matmul`.
+//! product with the bias in the same pass), under `Autodiff` with a backward of the same
+//! products (`kernels/cpu/products_op.rs`); everywhere else, Burn's `Linear` and `matmul`.
 
 use burn::nn::Linear;
 use burn::prelude::*;
 
-use crate::kernels::Kernel;
-use crate::kernels::cpu;
+use crate::kernels;
 
 /// [`Linear::forward`]: `x · weight + bias`.
 ///
@@ -22,8 +22,8 @@ pub fn linear<B: Backend, const D: usize>(layer: &Linear<B>, x: Tensor<B, D>) ->
 }
 
 /// `N` [`linear`]s of one input (a layer's queries, keys and values; a gated MLP's gate and up
-/// projections) as one call on a bare CPU backend, or `None` where each is Burn's: call
-/// [`linear`] for each then, as it is needed.
+/// projections) as one call on a CPU backend (bare or under `Autodiff`), or `None` where each is
+/// Burn's: call [`linear`] for each then, as it is needed.
 ///
 /// # Shapes
 /// - `x`: `[..., in]`
@@ -54,32 +54,24 @@ pub fn matmul<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 2>)
     }
 }
 
-/// The products on the CPU kernel, batch and sequence as one dimension of rows, or `None` where
+/// The products on the CPU kernel (under `Autodiff` with their own backward), or `None` where
 /// Burn's run them.
 fn on_host<B: Backend, const D: usize, const N: usize>(
     x: &Tensor<B, D>,
     weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
 ) -> Option<[Tensor<B, D>; N]> {
-    if !Kernel::on_bare_host::<B>() {
-        return None;
-    }
-    let dims = x.dims();
-    let rows: usize = dims[..D - 1].iter().product();
-    let outputs = cpu::products(&x.clone().reshape([rows, dims[D - 1]]), weights)?;
-    Some(outputs.map(|output| {
-        let mut output_dims = dims;
-        output_dims[D - 1] = output.dims()[1];
-        output.reshape(output_dims)
-    }))
+    kernels::host_products(x, weights)
 }
 
 #[cfg(test)]
 mod tests {
-    use burn::backend::{Autodiff, Flex};
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    use burn::backend::{Autodiff, Flex, NdArray};
     use burn::module::AutodiffModule;
     use burn::nn::LinearConfig;
     use burn::optim::{GradientsParams, Optimizer, SgdConfig};
     use burn::tensor::Distribution;
+    use burn::tensor::backend::AutodiffBackend;
 
     use super::*;
 
@@ -106,6 +98,95 @@ mod tests {
         }
     }
 
+    /// The largest difference between two tensors, relative to the larger of 1 and the largest
+    /// magnitude of `expected`.
+    fn relative_error<B: Backend, const D: usize>(
+        ours: Tensor<B, D>,
+        expected: Tensor<B, D>,
+    ) -> f32 {
+        let scale = expected
+            .clone()
+            .abs()
+            .max()
+            .into_scalar()
+            .elem::<f32>()
+            .max(1.0);
+        (ours - expected).abs().max().into_scalar().elem::<f32>() / scale
+    }
+
+    /// Under `Autodiff`, [`linears_on_host`] records the products with their own backward: the
+    /// outputs and the input's, weights' and biases' gradients are Burn's `Linear`'s, at a
+    /// prefill's rows (batched) and a decoding step's, with and without a bias, the input tracked
+    /// or not.
+    fn gradients_are_burns<B: AutodiffBackend>() {
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let layers = [(48, true), (40, false), (7, true)].map(|(width, bias)| {
+            LinearConfig::new(33, width)
+                .with_bias(bias)
+                .init::<B>(&device)
+        });
+        for dims in [[2, 65, 33], [1, 3, 33]] {
+            for x_tracked in [true, false] {
+                let x = Tensor::<B, 3>::random(dims, normal, &device);
+                let x = if x_tracked { x.require_grad() } else { x };
+                // Weighs each output element differently.
+                let upstream = layers.each_ref().map(|layer| {
+                    let width = layer.weight.dims()[1];
+                    Tensor::<B, 3>::random([dims[0], dims[1], width], normal, &device)
+                });
+                let loss = |outputs: [Tensor<B, 3>; 3]| {
+                    let mut upstream = upstream.iter();
+                    outputs
+                        .map(|output| (output * upstream.next().expect("3").clone()).sum())
+                        .into_iter()
+                        .reduce(|a, b| a + b)
+                        .expect("3 outputs")
+                };
+                // One graph at a time: a backward pass frees the graph it shares parameters with.
+                let ours = linears_on_host(layers.each_ref(), &x).expect("a CPU backend");
+                let our_outputs = ours.clone().map(|output| output.inner());
+                let ours = loss(ours).backward();
+                let burns = layers.each_ref().map(|layer| layer.forward(x.clone()));
+                for (ours, burns) in our_outputs.into_iter().zip(&burns) {
+                    let error = relative_error(ours, burns.clone().inner());
+                    assert!(error <= 1e-6, "{dims:?} output: {error}");
+                }
+                let burns = loss(burns).backward();
+                if x_tracked {
+                    let gradient = |grads| x.grad(grads).expect("x is tracked");
+                    let error = relative_error(gradient(&ours), gradient(&burns));
+                    assert!(error <= 1e-6, "{dims:?} x: {error}");
+                }
+                for layer in &layers {
+                    let gradient = |grads| layer.weight.grad(grads).expect("a parameter");
+                    let error = relative_error(gradient(&ours), gradient(&burns));
+                    assert!(error <= 1e-6, "{dims:?} weight: {error}");
+                    if let Some(bias) = &layer.bias {
+                        let gradient = |grads| bias.grad(grads).expect("a parameter");
+                        let error = relative_error(gradient(&ours), gradient(&burns));
+                        assert!(error <= 1e-6, "{dims:?} bias: {error}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gradients_are_burns_on_flex() {
+        gradients_are_burns::<Autodiff<Flex>>();
+    }
+
+    #[test]
+    fn gradients_are_burns_on_ndarray() {
+        gradients_are_burns::<Autodiff<NdArray>>();
+    }
+
+    #[test]
+    fn gradients_are_burns_with_checkpointing() {
+        gradients_are_burns::<Autodiff<Flex, BalancedCheckpointing>>();
+    }
+
     /// Nothing is cached between calls: the step after an optimizer's update computes with the
     /// updated weight, at a decoding step's rows and a prefill's.
     #[test]
@@ -115,8 +196,8 @@ mod tests {
             let layer = LinearConfig::new(16, 24).init::<Autodiff<Flex>>(&device);
             let x = Tensor::<Flex, 2>::random([rows, 16], Distribution::Normal(0.0, 1.0), &device);
             let before = linear(&layer.valid(), x.clone());
-            let loss = layer
-                .forward(Tensor::from_inner(x.clone()))
+            // The training step's products are the CPU products too.
+            let loss = linear(&layer, Tensor::from_inner(x.clone()))
                 .powi_scalar(2)
                 .sum();
             let gradients = GradientsParams::from_grads(loss.backward(), &layer);

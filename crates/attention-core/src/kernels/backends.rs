@@ -163,6 +163,40 @@ pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
     None
 }
 
+/// The projections' products on the CPU kernel (`cpu/products.rs`) where `B` is a CPU backend of
+/// the list: bare, as they are; under `Autodiff`, recorded with their own backward
+/// (`cpu/products_op.rs`). `None` (nothing consumed) on every other backend, and where the
+/// products do not take the operands (another dtype, a view they cannot read): Burn's matmul
+/// runs them then.
+///
+/// # Shapes
+/// - `x`: `[..., in]`; each weight `[in, out_i]`, each bias `[out_i]`
+/// - outputs: `[..., out_i]`
+pub(crate) fn host_products<B: Backend, const D: usize, const N: usize>(
+    x: &Tensor<B, D>,
+    weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
+) -> Option<[Tensor<B, D>; N]> {
+    use burn::backend::Autodiff;
+    use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, NoCheckpointing};
+    if Kernel::on_bare_host::<B>() {
+        return cpu::products(x, weights);
+    }
+    macro_rules! tracked {
+        ($inner:ty, cpu, $kernel:expr) => {
+            let id = TypeId::of::<B>();
+            if id == TypeId::of::<Autodiff<$inner, NoCheckpointing>>() {
+                return cpu::tracked_products::<B, $inner, NoCheckpointing, D, N>(x, weights);
+            }
+            if id == TypeId::of::<Autodiff<$inner, BalancedCheckpointing>>() {
+                return cpu::tracked_products::<B, $inner, BalancedCheckpointing, D, N>(x, weights);
+            }
+        };
+        ($inner:ty, gpu, $kernel:expr) => {};
+    }
+    for_each_kernel_backend!(tracked);
+    None
+}
+
 /// The `cached` entry of a backend that keeps no cache of a kernel's (`Autodiff`: the route
 /// never asks it).
 fn uncached<B: Backend>(_: CachedInputs<'_, B>) -> Tensor<B, 3> {

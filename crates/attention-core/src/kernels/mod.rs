@@ -73,6 +73,7 @@ mod inputs;
 mod storage;
 
 pub use backends::Kernel;
+pub(crate) use backends::host_products;
 pub(crate) use inputs::KernelInputs;
 pub(crate) use storage::{KvStorage, NewKv};
 

@@ -8,6 +8,7 @@
 //! - `host_cache.rs`: a key/value cache's storage in the kernel's layout
 //! - `products.rs`: the projections on the host, every operand read in place
 //! - `matvec.rs`: its loops for a decoding step's few rows
+//! - `products_op.rs`: the products under `Autodiff`, with their own backward
 //! - `elementwise.rs`: the models' nonlinearities, one vectorized pass over a buffer
 
 mod elementwise;
@@ -16,9 +17,11 @@ pub mod kernel;
 mod matvec;
 mod op;
 mod products;
+mod products_op;
 mod simd;
 
 pub(crate) use elementwise::{Nonlinearity, in_place};
 pub(crate) use host_cache::HostStorage;
 pub(crate) use op::{cached, forward, on_autodiff};
 pub(crate) use products::products;
+pub(crate) use products_op::tracked_products;

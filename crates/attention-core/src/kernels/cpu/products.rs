@@ -26,14 +26,20 @@ use super::simd::{self, MAX_PRODUCT_ROWS};
 /// is a view neither row- nor column-major. At a decoding step's few rows their tasks run side
 /// by side, so that a layer's three projections are one parallel pass over the three weights.
 ///
+/// The outputs are made in their shape, not reshaped from `[rows, out_i]`: burn-ndarray would
+/// give a reshape's axes of length 1 strides its own ops do not take for contiguous, and copy
+/// the tensor element by element in each of them (`into_data` among them).
+///
 /// # Shapes
-/// - `x`: `[rows, in]`; each weight `[in, out_i]` (any layout), each bias `[out_i]`
-/// - outputs: `[rows, out_i]`
-pub(crate) fn products<B: Backend, const N: usize>(
-    x: &Tensor<B, 2>,
+/// - `x`: `[..., in]`; each weight `[in, out_i]` (any layout), each bias `[out_i]`
+/// - outputs: `[..., out_i]`
+pub(crate) fn products<B: Backend, const D: usize, const N: usize>(
+    x: &Tensor<B, D>,
     weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
-) -> Option<[Tensor<B, 2>; N]> {
-    let [rows, k] = x.dims();
+) -> Option<[Tensor<B, D>; N]> {
+    let dims = x.dims();
+    let k = dims[D - 1];
+    let rows: usize = dims[..D - 1].iter().product();
     let takes = |weight: &Tensor<B, 2>| {
         let [k_weight, n] = weight.dims();
         k_weight == k && n > 0 && weight.dtype() == DType::F32
@@ -50,14 +56,17 @@ pub(crate) fn products<B: Backend, const N: usize>(
         operands.push((HostMatrix::of(weight)?, bias));
     }
     let device = x.device();
-    // The input in place where it is one row-major piece (a layer's input usually is).
-    let x_in_place = HostMatrix::of(x).filter(|x| x.layout == Layout::RowMajor);
+    let x = &x.clone().reshape([rows, k]);
+    // The input in place where it is one row-major piece (a layer's input usually is), or, for
+    // `gemm`, a transposed one (a weight's gradient, `xᵀ · dy`).
+    let x_in_place =
+        HostMatrix::of(x).filter(|x| x.layout == Layout::RowMajor || rows > MAX_PRODUCT_ROWS);
     let x_copy;
-    let x: &[f32] = match &x_in_place {
-        Some(x) => x.floats(),
+    let (x, x_layout): (&[f32], Layout) = match &x_in_place {
+        Some(x) => (x.floats(), x.layout),
         None => {
             x_copy = floats(x.clone().into_data())?;
-            &x_copy
+            (&x_copy, Layout::RowMajor)
         }
     };
     let compute = |(weight, bias): &(HostMatrix, Option<Vec<f32>>)| {
@@ -65,7 +74,7 @@ pub(crate) fn products<B: Backend, const N: usize>(
         if rows <= MAX_PRODUCT_ROWS {
             few_rows(x, rows, weight, bias)
         } else {
-            many_rows(x, rows, weight, bias)
+            many_rows((x, x_layout), rows, weight, bias)
         }
     };
     let outputs: Vec<Vec<f32>> = if rows <= MAX_PRODUCT_ROWS {
@@ -77,7 +86,9 @@ pub(crate) fn products<B: Backend, const N: usize>(
     let mut outputs = outputs.into_iter().zip(&operands);
     Some(std::array::from_fn(|_| {
         let (output, (weight, _)) = outputs.next().expect("one output per weight");
-        Tensor::from_data(TensorData::new(output, [rows, weight.columns]), &device)
+        let mut shape = dims;
+        shape[D - 1] = weight.columns;
+        Tensor::from_data(TensorData::new(output, shape), &device)
     }))
 }
 
@@ -99,20 +110,26 @@ fn few_rows(x: &[f32], rows: usize, weight: &HostMatrix, bias: Option<&[f32]>) -
 /// task waits on another.
 ///
 /// # Shapes
-/// - `x`: `[rows, k]`, `bias`: `[n]`, output: `[rows, n]`
-fn many_rows(x: &[f32], rows: usize, weight: &HostMatrix, bias: Option<&[f32]>) -> Vec<f32> {
+/// - `x`: `[rows, k]` (either layout), `bias`: `[n]`, output: `[rows, n]`
+fn many_rows(
+    (x, x_layout): (&[f32], Layout),
+    rows: usize,
+    weight: &HostMatrix,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
     let k = x.len() / rows;
     let n = weight.columns;
     let mut output = match bias {
         Some(bias) => bias.repeat(rows),
         None => vec![0.0; rows * n],
     };
-    let x = ArrayView2::from_shape((rows, k), x).expect("x holds rows · k elements");
-    let weight = match weight.layout {
-        Layout::RowMajor => ArrayView2::from_shape((k, n), weight.floats()),
-        Layout::ColumnMajor => ArrayView2::from_shape((k, n).f(), weight.floats()),
-    }
-    .expect("the weight holds k · n elements");
+    let x = x_layout
+        .view(rows, k, x)
+        .expect("x holds rows · k elements");
+    let weight = weight
+        .layout
+        .view(k, n, weight.floats())
+        .expect("the weight holds k · n elements");
     let mut out = ArrayViewMut2::from_shape((rows, n), &mut output).expect("rows · n elements");
     let keep = if bias.is_some() { 1.0 } else { 0.0 };
     let threads = rayon::current_num_threads().max(1);
@@ -149,6 +166,17 @@ enum Layout {
     ColumnMajor,
 }
 
+impl Layout {
+    /// `elements` as a `[rows, columns]` matrix laid out this way.
+    fn view(self, rows: usize, columns: usize, elements: &[f32]) -> Option<ArrayView2<'_, f32>> {
+        match self {
+            Self::RowMajor => ArrayView2::from_shape((rows, columns), elements),
+            Self::ColumnMajor => ArrayView2::from_shape((rows, columns).f(), elements),
+        }
+        .ok()
+    }
+}
+
 /// A 2-D `f32` tensor's buffer on a bare CPU backend, borrowed (the tensor's primitive keeps it
 /// alive).
 struct HostMatrix {
@@ -167,7 +195,7 @@ enum Primitive {
 
 impl HostMatrix {
     /// `matrix`'s `f32` buffer, row- or column-major, or `None` for any other backend (under
-    /// `Autodiff` too: a product that needs gradients is Burn's), dtype or layout.
+    /// `Autodiff` too: `products_op.rs` hands over the inner backend's tensors), dtype or layout.
     fn of<B: Backend>(matrix: &Tensor<B, 2>) -> Option<Self> {
         let columns = matrix.dims()[1];
         let TensorPrimitive::Float(primitive) = matrix.clone().into_primitive() else {
@@ -356,6 +384,29 @@ mod tests {
     #[test]
     fn several_weights_equal_burns_on_flex() {
         several_weights_equal_burns::<Flex>();
+    }
+
+    /// The outputs have the strides of a tensor burn-ndarray makes itself, axes of length 1
+    /// included (a reshaped `[rows, out]` would not, and burn-ndarray's own ops then copy it
+    /// element by element): a prefill of one sequence, a decoding step's rows, batched.
+    #[test]
+    fn outputs_are_contiguous_as_burn_ndarray_sees_them() {
+        fn strides<const D: usize>(tensor: Tensor<NdArray, D>) -> Vec<isize> {
+            match tensor.into_primitive() {
+                TensorPrimitive::Float(burn::backend::ndarray::NdArrayTensor::F32(storage)) => {
+                    storage.view().strides().to_vec()
+                }
+                _ => unreachable!("an f32 tensor"),
+            }
+        }
+        let device = Default::default();
+        let weight = Tensor::<NdArray, 2>::ones([16, 24], &device);
+        for dims in [[1, 20, 16], [1, 1, 16], [3, 1, 16], [2, 9, 16]] {
+            let x = Tensor::<NdArray, 3>::ones(dims, &device);
+            let [output] = products(&x, [(&weight, None)]).expect("bare ndarray");
+            let made = Tensor::<NdArray, 3>::zeros([dims[0], dims[1], 24], &device);
+            assert_eq!(strides(output), strides(made), "{dims:?}");
+        }
     }
 
     /// Other float types, `Autodiff` and mismatched widths are Burn's to compute.
