@@ -4,8 +4,9 @@
 //!
 //! Burn's `Linear` under `Autodiff` on burn-flex and burn-ndarray runs a training step's
 //! products per batch row and its weight gradient as one product per batch row, summed after:
-//! measured at batch 8 × 128 tokens (`linear-grad-rate`), this step takes ×0.44–0.52 of its
-//! time on burn-flex and ×0.30–0.34 on burn-ndarray.
+//! measured at batch 8 × 128 tokens (`linear-grad-rate`, BENCHMARKS.md), this step takes
+//! ×0.49–0.59 of that time on burn-flex at GPT-2's and SmolLM2's MLP widths and ×0.54–0.87 on
+//! burn-ndarray; at batch 1, where Burn's is one product too, ×0.92–0.98.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
