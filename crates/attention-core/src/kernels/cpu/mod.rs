@@ -7,7 +7,8 @@
 //! - `op.rs`: the kernel as a Burn operation, with its autodiff node
 //! - `host_cache.rs`: a key/value cache's storage in the kernel's layout
 //! - `products.rs`: the projections on the host, every operand read in place
-//! - `matvec.rs`: its loops for a decoding step's few rows
+//! - `packed.rs`: a decoding step's weights packed once, and their product
+//! - `matvec.rs`: a decoding step's product on weights read in place (where not packed)
 //! - `products_op.rs`: the products under `Autodiff`, with their own backward
 //! - `elementwise.rs`: the models' nonlinearities, one vectorized pass over a buffer
 
@@ -16,6 +17,7 @@ mod host_cache;
 pub mod kernel;
 mod matvec;
 mod op;
+mod packed;
 mod products;
 mod products_op;
 mod simd;
@@ -23,5 +25,6 @@ mod simd;
 pub(crate) use elementwise::{Nonlinearity, in_place};
 pub(crate) use host_cache::HostStorage;
 pub(crate) use op::{cached, forward, on_autodiff};
+pub(crate) use packed::release as release_packed_weights;
 pub(crate) use products::products;
 pub(crate) use products_op::tracked_products;

@@ -1,14 +1,16 @@
-//! Projections, `x · weight + bias`, on the bare CPU backends, every operand read where it lies:
-//! a decoding step's few rows on `matvec.rs`'s loops; more rows on `gemm` over the whole
-//! `[rows, in]` buffer (batch and sequence as one dimension, one block of rows or columns per
-//! thread, the bias added in the same pass); and the products of one input with several weights
-//! (a layer's queries, keys and values) as one call.
+//! Projections, `x · weight + bias`, on the bare CPU backends: a decoding step's few rows on
+//! weights packed once in panels (`packed.rs`; read in place by `matvec.rs`'s loops where a
+//! buffer's lifetime cannot be followed), the weights of one input packed side by side and
+//! multiplied as one; more rows on `gemm` over the whole `[rows, in]` buffer (batch and sequence
+//! as one dimension, one block of rows or columns per thread, the bias added in the same pass),
+//! every operand read where it lies.
 //!
 //! Burn's `Linear` on burn-flex runs a `[batch, seq, in]` input as one `gemm` per batch row
 //! (on one thread each, in parallel over the batch) and adds the bias in a second, broadcasting
-//! pass; burn-ndarray's `matrixmultiply` stops at AVX2. Nothing is packed ahead of time here
-//! (`gemm` packs its tiles inside each call), so nothing goes stale when an optimizer step
-//! changes a parameter: every call reads the weight's buffer as it is.
+//! pass; burn-ndarray's `matrixmultiply` stops at AVX2; both pack the weight inside every call,
+//! which at a decoding step's few rows is most of the work. A packed weight is never stale: it
+//! is found by its buffer, which it holds unchanged (`packed.rs`), and an optimizer step's new
+//! parameters are new buffers.
 
 use std::any::Any;
 
@@ -17,8 +19,8 @@ use burn::tensor::{DType, TensorData, TensorPrimitive};
 use ndarray::{ArrayView2, ArrayViewMut2, Axis, ShapeBuilder, s};
 use rayon::prelude::*;
 
-use super::matvec;
 use super::simd::{self, MAX_PRODUCT_ROWS};
+use super::{matvec, packed};
 
 /// The products of one input with `N` weights (and their biases), `x · weight + bias` each,
 /// computed here, or `None` (nothing consumed) where Burn's matmul should run them: a backend
@@ -69,19 +71,14 @@ pub(crate) fn products<B: Backend, const D: usize, const N: usize>(
             (&x_copy, Layout::RowMajor)
         }
     };
-    let compute = |(weight, bias): &(HostMatrix, Option<Vec<f32>>)| {
-        let bias = bias.as_deref();
-        if rows <= MAX_PRODUCT_ROWS {
-            few_rows(x, rows, weight, bias)
-        } else {
-            many_rows((x, x_layout), rows, weight, bias)
-        }
-    };
     let outputs: Vec<Vec<f32>> = if rows <= MAX_PRODUCT_ROWS {
-        operands.par_iter().map(compute).collect()
+        few_rows(x, rows, &operands)
     } else {
         // Each product is parallel already: one block of rows or columns per thread.
-        operands.iter().map(compute).collect()
+        operands
+            .iter()
+            .map(|(weight, bias)| many_rows((x, x_layout), rows, weight, bias.as_deref()))
+            .collect()
     };
     let mut outputs = outputs.into_iter().zip(&operands);
     Some(std::array::from_fn(|_| {
@@ -92,16 +89,27 @@ pub(crate) fn products<B: Backend, const D: usize, const N: usize>(
     }))
 }
 
-/// A decoding step's product: `matvec.rs`'s loops, one task per piece of the weight.
+/// A decoding step's products: on the weights packed side by side, as one product, or, where
+/// they cannot be packed, `matvec.rs`'s loops on each weight in place, side by side.
 ///
 /// # Shapes
-/// - `x`: `[rows, k]`, `bias`: `[n]`, output: `[rows, n]`
-fn few_rows(x: &[f32], rows: usize, weight: &HostMatrix, bias: Option<&[f32]>) -> Vec<f32> {
-    let tasks = 4 * rayon::current_num_threads().max(1);
-    match weight.layout {
-        Layout::RowMajor => matvec::row_major(x, rows, weight.floats(), bias, tasks),
-        Layout::ColumnMajor => matvec::column_major(x, rows, weight.floats(), bias, tasks),
+/// - `x`: `[rows, k]` row-major; each weight `[k, n_i]`, its bias `[n_i]`
+/// - outputs: `[rows, n_i]`
+fn few_rows(x: &[f32], rows: usize, operands: &[(HostMatrix, Option<Vec<f32>>)]) -> Vec<Vec<f32>> {
+    let weights: Vec<&HostMatrix> = operands.iter().map(|(weight, _)| weight).collect();
+    let biases: Vec<Option<&[f32]>> = operands.iter().map(|(_, bias)| bias.as_deref()).collect();
+    if let Some(packed) = packed::packed(&weights) {
+        return packed.product(x, rows, &biases);
     }
+    let tasks = 4 * rayon::current_num_threads().max(1);
+    weights
+        .par_iter()
+        .zip(biases)
+        .map(|(weight, bias)| match weight.layout {
+            Layout::RowMajor => matvec::row_major(x, rows, weight.floats(), bias, tasks),
+            Layout::ColumnMajor => matvec::column_major(x, rows, weight.floats(), bias, tasks),
+        })
+        .collect()
 }
 
 /// A prefill's product: the output starts as the bias in every row, and `gemm` adds
@@ -158,8 +166,8 @@ fn floats(data: TensorData) -> Option<Vec<f32>> {
 }
 
 /// How a matrix's elements lie in its buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Layout {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Layout {
     /// `[rows, columns]` row-major: a `Linear`'s weight, a layer's input.
     RowMajor,
     /// `[columns, rows]` row-major, viewed transposed: an embedding table as a tied LM head.
@@ -179,13 +187,15 @@ impl Layout {
 
 /// A 2-D `f32` tensor's buffer on a bare CPU backend, borrowed (the tensor's primitive keeps it
 /// alive).
-struct HostMatrix {
+#[derive(Clone)]
+pub(super) struct HostMatrix {
     primitive: Primitive,
-    layout: Layout,
-    columns: usize,
+    pub(super) layout: Layout,
+    pub(super) columns: usize,
 }
 
 /// The backends whose float buffers this module reads in place.
+#[derive(Clone)]
 enum Primitive {
     #[cfg(feature = "flex")]
     Flex(burn::backend::flex::FlexTensor),
@@ -196,7 +206,7 @@ enum Primitive {
 impl HostMatrix {
     /// `matrix`'s `f32` buffer, row- or column-major, or `None` for any other backend (under
     /// `Autodiff` too: `products_op.rs` hands over the inner backend's tensors), dtype or layout.
-    fn of<B: Backend>(matrix: &Tensor<B, 2>) -> Option<Self> {
+    pub(super) fn of<B: Backend>(matrix: &Tensor<B, 2>) -> Option<Self> {
         let columns = matrix.dims()[1];
         let TensorPrimitive::Float(primitive) = matrix.clone().into_primitive() else {
             return None;
@@ -240,13 +250,47 @@ impl HostMatrix {
         None
     }
 
+    /// The number of rows (`k` of a weight).
+    pub(super) fn rows(&self) -> usize {
+        self.floats().len() / self.columns
+    }
+
+    /// Whether this matrix is the only holder of its buffer (every other tensor sharing it
+    /// dropped), or `None` where that cannot be told: burn-ndarray's buffers borrowed from
+    /// outside (a zero-copy load), which are never written but whose lifetime is not counted.
+    pub(super) fn sole_holder(&self) -> Option<bool> {
+        match &self.primitive {
+            #[cfg(feature = "flex")]
+            Primitive::Flex(tensor) => Some(tensor.is_unique()),
+            #[cfg(feature = "ndarray")]
+            Primitive::NdArray(tensor) => match tensor {
+                burn::backend::ndarray::NdArrayTensor::F32(storage) if storage.is_owned() => {
+                    Some(storage.is_unique())
+                }
+                _ => None,
+            },
+        }
+    }
+
+    /// The buffer's identity while this matrix holds it: the address and length of its elements,
+    /// their layout and the number of columns.
+    pub(super) fn key(&self) -> (usize, usize, Layout, usize) {
+        let floats = self.floats();
+        (
+            floats.as_ptr() as usize,
+            floats.len(),
+            self.layout,
+            self.columns,
+        )
+    }
+
     /// Whether [`Self::floats`] can lend the buffer in `layout`.
     fn readable(&self) -> bool {
         self.slice().is_some()
     }
 
     /// The elements in `layout`'s order.
-    fn floats(&self) -> &[f32] {
+    pub(super) fn floats(&self) -> &[f32] {
         self.slice().expect("checked when made")
     }
 

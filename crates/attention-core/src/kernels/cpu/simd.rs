@@ -122,6 +122,10 @@ dispatch!(fn rows_times_column_major_f32(
     out: &mut [f32]
 ) -> () = portable::rows_times_column_major);
 
+dispatch!(fn rows_times_panels_f32(
+    x_by_feature: &[f32], rows: usize, panels: &[f32], out: &mut [f32]
+) -> () = portable::rows_times_panels);
+
 dispatch!(fn silu_f32(xs: &mut [f32]) -> () = portable::silu);
 dispatch!(fn gelu_tanh_f32(xs: &mut [f32]) -> () = portable::gelu_tanh);
 
@@ -129,11 +133,26 @@ dispatch!(fn gelu_tanh_f32(xs: &mut [f32]) -> () = portable::gelu_tanh);
 /// count is its own unrolled loop, the accumulators of all rows held at once.
 pub(crate) const MAX_PRODUCT_ROWS: usize = 8;
 
+/// The output columns of one panel of a packed weight (`packed.rs`): two AVX-512 vectors.
+pub(super) const PANEL: usize = 32;
+
+/// The most rows one pass of [`rows_times_panels_f32`] should take on this CPU: their
+/// `rows × PANEL` sums stay in vector registers (32 of AVX-512's 32, 12 of AVX2's 16).
+pub(super) fn rows_per_panel_pass() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        return MAX_PRODUCT_ROWS;
+    }
+    3
+}
+
 /// The bodies, written so that the compiler vectorizes them at whatever width the instruction
 /// set of the function they are inlined into allows (16 independent lanes, so that neither the
 /// max nor the sum is a serial chain).
 mod portable {
     use std::ops::Range;
+
+    use super::PANEL;
 
     const LANES: usize = 16;
 
@@ -197,6 +216,55 @@ mod portable {
             7 => column_major::<7>(x, weight, bias, columns, out),
             8 => column_major::<8>(x, weight, bias, columns, out),
             _ => panic!("{rows} rows: a product takes 1 to 8"),
+        }
+    }
+
+    /// `out = x · panels`, panel by panel: each panel's `rows × PANEL` sums held in registers
+    /// while its `k` weight rows stream by in order.
+    ///
+    /// # Shapes
+    /// - `x_by_feature`: `[k, rows]` (the input transposed: one feature of every row together)
+    /// - `panels`: `[panels, k, PANEL]`; `out`: `[panels, rows, PANEL]`
+    ///
+    /// # Panics
+    /// When `rows` is 0 or over 8, or the slices are shorter than the shapes say.
+    #[inline(always)]
+    pub fn rows_times_panels(x_by_feature: &[f32], rows: usize, panels: &[f32], out: &mut [f32]) {
+        match rows {
+            1 => panels_of::<1>(x_by_feature, panels, out),
+            2 => panels_of::<2>(x_by_feature, panels, out),
+            3 => panels_of::<3>(x_by_feature, panels, out),
+            4 => panels_of::<4>(x_by_feature, panels, out),
+            5 => panels_of::<5>(x_by_feature, panels, out),
+            6 => panels_of::<6>(x_by_feature, panels, out),
+            7 => panels_of::<7>(x_by_feature, panels, out),
+            8 => panels_of::<8>(x_by_feature, panels, out),
+            _ => panic!("{rows} rows: a product takes 1 to 8"),
+        }
+    }
+
+    #[inline(always)]
+    fn panels_of<const R: usize>(x_by_feature: &[f32], panels: &[f32], out: &mut [f32]) {
+        let k = x_by_feature.len() / R;
+        let features = x_by_feature
+            .chunks_exact(R)
+            .map(|x| -> &[f32; R] { x.try_into().expect("R features") });
+        for (panel, out) in panels
+            .chunks_exact(k * PANEL)
+            .zip(out.chunks_exact_mut(R * PANEL))
+        {
+            let mut sums = [[0.0f32; PANEL]; R];
+            for (xs, weights) in features.clone().zip(panel.chunks_exact(PANEL)) {
+                let weights: &[f32; PANEL] = weights.try_into().expect("PANEL weights");
+                for (sums, &x) in sums.iter_mut().zip(xs) {
+                    for (sum, &w) in sums.iter_mut().zip(weights) {
+                        *sum += x * w;
+                    }
+                }
+            }
+            for (out, sums) in out.chunks_exact_mut(PANEL).zip(&sums) {
+                out.copy_from_slice(sums);
+            }
         }
     }
 
@@ -434,8 +502,8 @@ mod tests {
     }
 
     /// The dispatched few-row products round exactly as their portable bodies (the same sums in
-    /// the same order, only wider), for every row count and both layouts, on a feature range and
-    /// a column range that start inside the weight.
+    /// the same order, only wider), for every row count, both layouts and packed panels, on a
+    /// feature range and a column range that start inside the weight.
     #[test]
     fn few_row_products_are_their_portable_bodies() {
         let (k, n) = (37, 70);
@@ -465,6 +533,20 @@ mod tests {
             assert_eq!(got, expected, "column-major, {rows} rows");
             // The first output against a plain sum: `x[0] · weight[.., 3] + bias[3]`.
             let plain: f32 = (0..k).map(|i| x[i] * weight[3 * k + i]).sum::<f32>() + bias[3];
+            assert!((got[0] - plain).abs() <= 1e-5 * (1.0 + plain.abs()));
+            // `weight` as 2 panels of `[k, PANEL]` (the packed layout), all rows' features side
+            // by side.
+            let panels = &weight[..2 * k * PANEL];
+            let x_by_feature: Vec<f32> = (0..k * rows)
+                .map(|i| x[(i % rows) * k + i / rows])
+                .collect();
+            let mut expected = vec![0.0; 2 * rows * PANEL];
+            let mut got = expected.clone();
+            portable::rows_times_panels(&x_by_feature, rows, panels, &mut expected);
+            rows_times_panels_f32(&x_by_feature, rows, panels, &mut got);
+            assert_eq!(got, expected, "panels, {rows} rows");
+            // Row 0's first column: `x[0] · panels[0][.., 0]`.
+            let plain: f32 = (0..k).map(|i| x[i] * panels[i * PANEL]).sum();
             assert!((got[0] - plain).abs() <= 1e-5 * (1.0 + plain.abs()));
         }
     }

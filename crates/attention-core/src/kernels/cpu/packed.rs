@@ -1,0 +1,287 @@
+//! A decoding step's weights packed once, in panels of [`PANEL`] output columns, for
+//! `products.rs`.
+//!
+//! At one to eight rows a product is a stream of its weights: read in place (`matvec.rs`), a
+//! row-major weight gives each task whole weight rows, whose sums for every output column go
+//! through memory once per weight row. Packed, each panel is `k` runs of `PANEL` weights in the
+//! order they are used: a task holds one panel's `rows × PANEL` sums in registers while the
+//! panel streams by once, and the tasks split the output columns, so they share no sums.
+//! The weights of one call (a layer's queries, keys and values) are packed side by side, as one
+//! `[in, q + 2·kv]` matrix, and multiplied as one.
+//!
+//! Packing is done once per weight buffer, not per call: a packed matrix holds its sources'
+//! buffers (a clone of each tensor), so that while it is in the cache no buffer can be freed
+//! (its address reused by another tensor) or written in place (Burn's CPU backends write in place
+//! only what one tensor alone holds, and copy the rest). A buffer's address then names its
+//! contents: an optimizer step makes new parameter buffers, whose first product packs them anew,
+//! and packed matrices whose sources only the cache still holds are dropped at the next packing.
+//! [`release`] drops them all.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use rayon::prelude::*;
+
+use super::products::{HostMatrix, Layout};
+use super::simd::{self, MAX_PRODUCT_ROWS, PANEL};
+
+/// Weights side by side, in panels of `PANEL` columns.
+pub(super) struct PackedWeights {
+    /// `[panels, k, PANEL]`: panel `p` holds the concatenated columns `p·PANEL ..` of every
+    /// input feature, zero past the last column.
+    panels: Vec<f32>,
+    k: usize,
+    /// The number of columns of each weight, in order.
+    widths: Vec<usize>,
+    /// The packed tensors' buffers, held while packed (see the module's docs).
+    sources: Vec<HostMatrix>,
+}
+
+/// Identifies a weight buffer while a packed matrix holds it: its address and length, its
+/// layout and its number of columns.
+type Key = Vec<(usize, usize, Layout, usize)>;
+
+static CACHE: Mutex<Option<HashMap<Key, Arc<PackedWeights>>>> = Mutex::new(None);
+
+/// The weights packed side by side, from the cache or packed now; `None` where a buffer's
+/// lifetime cannot be followed (see [`HostMatrix::sole_holder`]): read in place then.
+///
+/// # Shapes
+/// - each weight: `[k, n_i]`
+pub(super) fn packed(weights: &[&HostMatrix]) -> Option<Arc<PackedWeights>> {
+    if weights.iter().any(|weight| weight.sole_holder().is_none()) {
+        return None;
+    }
+    let key: Key = weights.iter().map(|weight| weight.key()).collect();
+    if let Some(packed) = cache().as_ref().and_then(|cache| cache.get(&key)) {
+        return Some(packed.clone());
+    }
+    let packed = Arc::new(PackedWeights::pack(weights));
+    let mut cache = cache();
+    let cache = cache.get_or_insert_with(HashMap::new);
+    // Matrices whose sources only the cache holds now: their parameters have moved on.
+    cache.retain(|_, packed| {
+        !packed
+            .sources
+            .iter()
+            .any(|source| source.sole_holder() == Some(true))
+    });
+    Some(cache.entry(key).or_insert(packed).clone())
+}
+
+/// Drops every packed matrix (and its hold on the weights' buffers).
+pub(crate) fn release() {
+    *cache() = None;
+}
+
+/// Whether a packed matrix holds the buffer `key` names.
+#[cfg(test)]
+fn holds(key: (usize, usize, Layout, usize)) -> bool {
+    cache()
+        .as_ref()
+        .is_some_and(|cache| cache.keys().any(|packed| packed.contains(&key)))
+}
+
+fn cache() -> std::sync::MutexGuard<'static, Option<HashMap<Key, Arc<PackedWeights>>>> {
+    // A panic while the lock was held left the map whole (every change is one call).
+    CACHE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl PackedWeights {
+    fn pack(weights: &[&HostMatrix]) -> Self {
+        let k = weights[0].rows();
+        let widths: Vec<usize> = weights.iter().map(|weight| weight.columns).collect();
+        // Each concatenated column: its weight's elements and the column's index in it.
+        let columns: Vec<(&[f32], Layout, usize, usize)> = weights
+            .iter()
+            .flat_map(|weight| {
+                let n = weight.columns;
+                (0..n).map(move |column| (weight.floats(), weight.layout, n, column))
+            })
+            .collect();
+        let mut panels = vec![0.0f32; columns.len().div_ceil(PANEL) * k * PANEL];
+        panels
+            .par_chunks_mut(k * PANEL)
+            .zip(columns.par_chunks(PANEL))
+            .for_each(|(panel, columns)| {
+                for (lane, &(elements, layout, n, column)) in columns.iter().enumerate() {
+                    let at = |feature: usize| match layout {
+                        Layout::RowMajor => feature * n + column,
+                        Layout::ColumnMajor => column * k + feature,
+                    };
+                    for (feature, weights) in panel.chunks_exact_mut(PANEL).enumerate() {
+                        weights[lane] = elements[at(feature)];
+                    }
+                }
+            });
+        Self {
+            panels,
+            k,
+            widths,
+            sources: weights.iter().map(|&weight| weight.clone()).collect(),
+        }
+    }
+
+    /// `x · weight_i + bias_i` for every packed weight: one task per run of panels, several per
+    /// thread.
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, k]` row-major, `rows` from 1 to 8; `biases[i]`: `[n_i]`
+    /// - outputs: `[rows, n_i]`
+    pub(super) fn product(
+        &self,
+        x: &[f32],
+        rows: usize,
+        biases: &[Option<&[f32]>],
+    ) -> Vec<Vec<f32>> {
+        self.product_in_passes(x, rows, biases, simd::rows_per_panel_pass())
+    }
+
+    /// [`Self::product`], at most `pass` rows over a panel at once.
+    fn product_in_passes(
+        &self,
+        x: &[f32],
+        rows: usize,
+        biases: &[Option<&[f32]>],
+        pass: usize,
+    ) -> Vec<Vec<f32>> {
+        assert!((1..=MAX_PRODUCT_ROWS).contains(&rows) && x.len() == rows * self.k);
+        let mut x_by_feature = vec![0.0f32; x.len()];
+        for (row, x) in x.chunks_exact(self.k).enumerate() {
+            for (feature, &x) in x.iter().enumerate() {
+                x_by_feature[feature * rows + row] = x;
+            }
+        }
+        let panels = self.panels.len() / (self.k * PANEL);
+        let tasks = 4 * rayon::current_num_threads().max(1);
+        let per_task = panels.div_ceil(tasks);
+        // `[panels, rows, PANEL]`: each task's panels are one piece.
+        let mut by_panel = vec![0.0f32; panels * rows * PANEL];
+        by_panel
+            .par_chunks_mut(per_task * rows * PANEL)
+            .zip(self.panels.par_chunks(per_task * self.k * PANEL))
+            .for_each(|(out, panels)| {
+                if rows <= pass {
+                    simd::rows_times_panels_f32(&x_by_feature, rows, panels, out);
+                    return;
+                }
+                // Rows in passes that fit the registers, each over the same panels.
+                let mut part = Vec::new();
+                let mut first = 0;
+                while first < rows {
+                    let count = pass.min(rows - first);
+                    let x: Vec<f32> = x_by_feature
+                        .chunks_exact(rows)
+                        .flat_map(|features| &features[first..first + count])
+                        .copied()
+                        .collect();
+                    part.resize(out.len() / rows * count, 0.0);
+                    simd::rows_times_panels_f32(&x, count, panels, &mut part);
+                    for (out, part) in out
+                        .chunks_exact_mut(rows * PANEL)
+                        .zip(part.chunks_exact(count * PANEL))
+                    {
+                        out[first * PANEL..(first + count) * PANEL].copy_from_slice(part);
+                    }
+                    first += count;
+                }
+            });
+        let mut first_column = 0;
+        self.widths
+            .iter()
+            .zip(biases)
+            .map(|(&n, bias)| {
+                let mut output = Vec::with_capacity(rows * n);
+                for row in 0..rows {
+                    output.extend((first_column..first_column + n).map(|column| {
+                        let (panel, lane) = (column / PANEL, column % PANEL);
+                        by_panel[(panel * rows + row) * PANEL + lane]
+                    }));
+                    if let Some(bias) = bias {
+                        let row = &mut output[row * n..];
+                        row.iter_mut().zip(*bias).for_each(|(o, b)| *o += b);
+                    }
+                }
+                first_column += n;
+                output
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::{Flex, NdArray};
+    use burn::prelude::*;
+    use burn::tensor::Distribution;
+
+    use super::*;
+
+    /// A plain `x · weight + bias`, row by row, in `f64`.
+    fn reference(x: &[f32], rows: usize, weight: &[f32], n: usize, bias: &[f32]) -> Vec<f64> {
+        let k = x.len() / rows;
+        let mut out = vec![0.0f64; rows * n];
+        for (row, out) in out.chunks_exact_mut(n).enumerate() {
+            for (column, out) in out.iter_mut().enumerate() {
+                *out = f64::from(bias[column])
+                    + (0..k)
+                        .map(|i| f64::from(x[row * k + i]) * f64::from(weight[i * n + column]))
+                        .sum::<f64>();
+            }
+        }
+        out
+    }
+
+    /// Rows in passes of fewer than all of them (as on a CPU without AVX-512) give the sums of
+    /// one pass, on widths that end inside a panel.
+    #[test]
+    fn passes_of_fewer_rows_give_the_same_sums() {
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let (k, n) = (29, 71);
+        let weight = Tensor::<Flex, 2>::random([k, n], normal, &device);
+        let host = HostMatrix::of(&weight).expect("bare flex");
+        let packed = PackedWeights::pack(&[&host]);
+        let bias: Vec<f32> = (0..n).map(|i| i as f32 / 7.0).collect();
+        for rows in 1..=MAX_PRODUCT_ROWS {
+            let x = Tensor::<Flex, 2>::random([rows, k], normal, &device);
+            let x = x.into_data().into_vec::<f32>().expect("f32");
+            let one_pass = packed.product_in_passes(&x, rows, &[Some(&bias)], MAX_PRODUCT_ROWS);
+            for pass in [1, 3] {
+                let passes = packed.product_in_passes(&x, rows, &[Some(&bias)], pass);
+                assert_eq!(passes, one_pass, "{rows} rows in passes of {pass}");
+            }
+            let expected = reference(&x, rows, host.floats(), n, &bias);
+            for (ours, expected) in one_pass[0].iter().zip(expected) {
+                assert!((f64::from(*ours) - expected).abs() <= 1e-5 * (1.0 + expected.abs()));
+            }
+        }
+    }
+
+    /// A weight packed for one call is packed with it held; once every tensor of it is dropped,
+    /// the next packing drops its packed copy (and the buffer with it).
+    fn a_dropped_weight_is_unpacked_at_the_next_packing<B: Backend>() {
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        // Sizes no other test uses, so that no other weight has this key.
+        let x = Tensor::<B, 2>::random([2, 211], normal, &device);
+        let weight = Tensor::<B, 2>::random([211, 97], normal, &device);
+        let key = HostMatrix::of(&weight).expect("a bare CPU backend").key();
+        crate::kernels::cpu::products(&x, [(&weight, None)]).expect("a bare CPU backend");
+        assert!(holds(key), "packed at its first product");
+        drop(weight);
+        let other = Tensor::<B, 2>::random([211, 98], normal, &device);
+        crate::kernels::cpu::products(&x, [(&other, None)]).expect("a bare CPU backend");
+        assert!(!holds(key), "dropped at the next packing");
+    }
+
+    #[test]
+    fn a_dropped_weight_is_unpacked_at_the_next_packing_on_flex() {
+        a_dropped_weight_is_unpacked_at_the_next_packing::<Flex>();
+    }
+
+    #[test]
+    fn a_dropped_weight_is_unpacked_at_the_next_packing_on_ndarray() {
+        a_dropped_weight_is_unpacked_at_the_next_packing::<NdArray>();
+    }
+}
