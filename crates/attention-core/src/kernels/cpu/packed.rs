@@ -104,13 +104,14 @@ impl PackedWeights {
             .par_chunks_mut(k * PANEL)
             .zip(columns.par_chunks(PANEL))
             .for_each(|(panel, columns)| {
-                for (lane, &(elements, layout, n, column)) in columns.iter().enumerate() {
-                    let at = |feature: usize| match layout {
-                        Layout::RowMajor => feature * n + column,
-                        Layout::ColumnMajor => column * k + feature,
-                    };
-                    for (feature, weights) in panel.chunks_exact_mut(PANEL).enumerate() {
-                        weights[lane] = elements[at(feature)];
+                // Feature by feature, so that a row-major weight is read in runs of columns.
+                for (feature, weights) in panel.chunks_exact_mut(PANEL).enumerate() {
+                    for (weight, &(elements, layout, n, column)) in weights.iter_mut().zip(columns)
+                    {
+                        *weight = match layout {
+                            Layout::RowMajor => elements[feature * n + column],
+                            Layout::ColumnMajor => elements[column * k + feature],
+                        };
                     }
                 }
             });
@@ -232,8 +233,8 @@ mod tests {
         out
     }
 
-    /// Rows in passes of fewer than all of them (as on a CPU without AVX-512) give the sums of
-    /// one pass, on widths that end inside a panel.
+    /// Rows in passes of fewer than all of them (as on a CPU without AVX-512) give the same sums
+    /// as the passes this CPU takes, and a plain product's, on a width that ends inside a panel.
     #[test]
     fn passes_of_fewer_rows_give_the_same_sums() {
         let device = Default::default();
@@ -246,8 +247,8 @@ mod tests {
         for rows in 1..=MAX_PRODUCT_ROWS {
             let x = Tensor::<Flex, 2>::random([rows, k], normal, &device);
             let x = x.into_data().into_vec::<f32>().expect("f32");
-            let one_pass = packed.product_in_passes(&x, rows, &[Some(&bias)], MAX_PRODUCT_ROWS);
-            for pass in [1, 3] {
+            let one_pass = packed.product(&x, rows, &[Some(&bias)]);
+            for pass in [1, 2, 3] {
                 let passes = packed.product_in_passes(&x, rows, &[Some(&bias)], pass);
                 assert_eq!(passes, one_pass, "{rows} rows in passes of {pass}");
             }

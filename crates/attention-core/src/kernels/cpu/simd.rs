@@ -122,9 +122,164 @@ dispatch!(fn rows_times_column_major_f32(
     out: &mut [f32]
 ) -> () = portable::rows_times_column_major);
 
-dispatch!(fn rows_times_panels_f32(
-    x_by_feature: &[f32], rows: usize, panels: &[f32], out: &mut [f32]
-) -> () = portable::rows_times_panels);
+/// `out = x · panels` (see `portable::rows_times_panels`) on the CPU's widest fused
+/// multiply-add: written with intrinsics, because the compiler vectorizes the portable body's
+/// `rows × PANEL` sums across rows, with gathers, and spills them.
+///
+/// # Panics
+/// When `rows` is 0 or over [`rows_per_panel_pass`], or the slices are shorter than the shapes
+/// say.
+pub(super) fn rows_times_panels_f32(
+    x_by_feature: &[f32],
+    rows: usize,
+    panels: &[f32],
+    out: &mut [f32],
+) {
+    assert!(
+        (1..=rows_per_panel_pass()).contains(&rows),
+        "{rows} rows in one pass"
+    );
+    let k = x_by_feature.len() / rows;
+    let count = panels.len() / (k * PANEL).max(1);
+    assert!(
+        x_by_feature.len() == k * rows
+            && panels.len() == count * k * PANEL
+            && out.len() == count * rows * PANEL,
+        "{rows} rows of {k} features, {} panel weights, {} outputs",
+        panels.len(),
+        out.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (detected just above); the shapes were checked.
+            return unsafe { x86::panels_avx512(x_by_feature, rows, panels, out) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has AVX2 and FMA (detected just above); the shapes were checked.
+            return unsafe { x86::panels_avx2(x_by_feature, rows, panels, out) };
+        }
+    }
+    portable::rows_times_panels(x_by_feature, rows, panels, out);
+}
+
+/// [`rows_times_panels_f32`]'s bodies: each panel's sums in `rows × 2` AVX-512 or `rows × 4`
+/// AVX2 registers, one fused multiply-add per weight vector and row.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::PANEL;
+
+    /// # Safety
+    /// The CPU has AVX-512F; `x_by_feature` is `[k, rows]`, `panels` `[count, k, PANEL]`,
+    /// `out` `[count, rows, PANEL]`, `rows` from 1 to 8.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn panels_avx512(
+        x_by_feature: &[f32],
+        rows: usize,
+        panels: &[f32],
+        out: &mut [f32],
+    ) {
+        let (x, p, o) = (x_by_feature, panels, out);
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            match rows {
+                1 => avx512::<1>(x, p, o),
+                2 => avx512::<2>(x, p, o),
+                3 => avx512::<3>(x, p, o),
+                4 => avx512::<4>(x, p, o),
+                5 => avx512::<5>(x, p, o),
+                6 => avx512::<6>(x, p, o),
+                7 => avx512::<7>(x, p, o),
+                8 => avx512::<8>(x, p, o),
+                _ => unreachable!("{rows} rows: checked by the caller"),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn avx512<const R: usize>(x_by_feature: &[f32], panels: &[f32], out: &mut [f32]) {
+        let k = x_by_feature.len() / R;
+        for (panel, out) in panels
+            .chunks_exact(k * PANEL)
+            .zip(out.chunks_exact_mut(R * PANEL))
+        {
+            let mut sums = [[_mm512_setzero_ps(); 2]; R];
+            for (xs, weights) in x_by_feature.chunks_exact(R).zip(panel.chunks_exact(PANEL)) {
+                // SAFETY: `weights` is PANEL = 2 · 16 elements.
+                let weights = unsafe {
+                    let at = weights.as_ptr();
+                    [_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(16))]
+                };
+                for (sums, &x) in sums.iter_mut().zip(xs) {
+                    let x = _mm512_set1_ps(x);
+                    for (sum, &weights) in sums.iter_mut().zip(&weights) {
+                        *sum = _mm512_fmadd_ps(x, weights, *sum);
+                    }
+                }
+            }
+            for (out, sums) in out.chunks_exact_mut(PANEL).zip(&sums) {
+                // SAFETY: `out` is PANEL = 2 · 16 elements.
+                unsafe {
+                    _mm512_storeu_ps(out.as_mut_ptr(), sums[0]);
+                    _mm512_storeu_ps(out.as_mut_ptr().add(16), sums[1]);
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU has AVX2 and FMA; the shapes as [`panels_avx512`]'s, `rows` from 1 to 3.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn panels_avx2(
+        x_by_feature: &[f32],
+        rows: usize,
+        panels: &[f32],
+        out: &mut [f32],
+    ) {
+        let (x, p, o) = (x_by_feature, panels, out);
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            match rows {
+                1 => avx2::<1>(x, p, o),
+                2 => avx2::<2>(x, p, o),
+                3 => avx2::<3>(x, p, o),
+                _ => unreachable!("{rows} rows: checked by the caller"),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2<const R: usize>(x_by_feature: &[f32], panels: &[f32], out: &mut [f32]) {
+        let k = x_by_feature.len() / R;
+        for (panel, out) in panels
+            .chunks_exact(k * PANEL)
+            .zip(out.chunks_exact_mut(R * PANEL))
+        {
+            let mut sums = [[_mm256_setzero_ps(); 4]; R];
+            for (xs, weights) in x_by_feature.chunks_exact(R).zip(panel.chunks_exact(PANEL)) {
+                // SAFETY: `weights` is PANEL = 4 · 8 elements.
+                let weights: [__m256; 4] = std::array::from_fn(|i| unsafe {
+                    _mm256_loadu_ps(weights.as_ptr().add(8 * i))
+                });
+                for (sums, &x) in sums.iter_mut().zip(xs) {
+                    let x = _mm256_set1_ps(x);
+                    for (sum, &weights) in sums.iter_mut().zip(&weights) {
+                        *sum = _mm256_fmadd_ps(x, weights, *sum);
+                    }
+                }
+            }
+            for (out, sums) in out.chunks_exact_mut(PANEL).zip(&sums) {
+                for (i, &sum) in sums.iter().enumerate() {
+                    // SAFETY: `out` is PANEL = 4 · 8 elements.
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * i), sum) };
+                }
+            }
+        }
+    }
+}
 
 dispatch!(fn silu_f32(xs: &mut [f32]) -> () = portable::silu);
 dispatch!(fn gelu_tanh_f32(xs: &mut [f32]) -> () = portable::gelu_tanh);
@@ -136,8 +291,8 @@ pub(crate) const MAX_PRODUCT_ROWS: usize = 8;
 /// The output columns of one panel of a packed weight (`packed.rs`): two AVX-512 vectors.
 pub(super) const PANEL: usize = 32;
 
-/// The most rows one pass of [`rows_times_panels_f32`] should take on this CPU: their
-/// `rows × PANEL` sums stay in vector registers (32 of AVX-512's 32, 12 of AVX2's 16).
+/// The most rows one pass of [`rows_times_panels_f32`] takes on this CPU: their `rows × PANEL`
+/// sums stay in vector registers (16 of AVX-512's 32, 12 of AVX2's 16).
 pub(super) fn rows_per_panel_pass() -> usize {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
@@ -541,13 +696,39 @@ mod tests {
                 .map(|i| x[(i % rows) * k + i / rows])
                 .collect();
             let mut expected = vec![0.0; 2 * rows * PANEL];
-            let mut got = expected.clone();
             portable::rows_times_panels(&x_by_feature, rows, panels, &mut expected);
-            rows_times_panels_f32(&x_by_feature, rows, panels, &mut got);
-            assert_eq!(got, expected, "panels, {rows} rows");
+            // The dispatched panels fuse each multiply-add (one rounding, not two), in passes
+            // of the rows the registers hold.
+            let pass = rows_per_panel_pass().min(rows);
+            let rows_of = |xs: &[f32], first: usize, count: usize| -> Vec<f32> {
+                xs.chunks_exact(rows)
+                    .flat_map(|features| &features[first..first + count])
+                    .copied()
+                    .collect()
+            };
+            for first in (0..rows).step_by(pass) {
+                let count = pass.min(rows - first);
+                let mut got = vec![0.0; 2 * count * PANEL];
+                rows_times_panels_f32(
+                    &rows_of(&x_by_feature, first, count),
+                    count,
+                    panels,
+                    &mut got,
+                );
+                for (panel, got) in got.chunks_exact(count * PANEL).enumerate() {
+                    let expected = &expected[(panel * rows + first) * PANEL..][..count * PANEL];
+                    for (got, expected) in got.iter().zip(expected) {
+                        let scale = 1.0 + expected.abs();
+                        assert!(
+                            (got - expected).abs() <= 1e-5 * scale,
+                            "panels, {rows} rows"
+                        );
+                    }
+                }
+            }
             // Row 0's first column: `x[0] · panels[0][.., 0]`.
             let plain: f32 = (0..k).map(|i| x[i] * panels[i * PANEL]).sum();
-            assert!((got[0] - plain).abs() <= 1e-5 * (1.0 + plain.abs()));
+            assert!((expected[0] - plain).abs() <= 1e-5 * (1.0 + plain.abs()));
         }
     }
 
