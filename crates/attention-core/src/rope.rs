@@ -15,6 +15,7 @@ use burn::prelude::*;
 use burn::tensor::{DType, Int};
 
 use crate::error::AttentionError;
+use crate::kernels::cpu::{Pairs, rotated_in_place};
 
 /// Which features of a head form the rotated pairs (of its first `rotary_dim` features, with
 /// partial rotary embeddings).
@@ -310,6 +311,16 @@ impl Rotary {
     /// - `x`: `[batch, seq, heads, rotary_dim]`
     /// - output: `[batch, seq, heads, rotary_dim]`
     fn rotate<B: Backend>(&self, x: Tensor<B, 4>, angles: &Angles<B>) -> Tensor<B, 4> {
+        let pairs = match self.layout {
+            RopeLayout::Half => Pairs::Halves,
+            RopeLayout::Interleaved => Pairs::Adjacent,
+        };
+        rotated_in_place(x, &angles.cos, &angles.sin, pairs)
+            .unwrap_or_else(|x| self.rotate_with_ops(x, angles))
+    }
+
+    /// [`Self::rotate`] in Burn's tensor ops: under `Autodiff`, on GPU backends, in `f64`.
+    fn rotate_with_ops<B: Backend>(&self, x: Tensor<B, 4>, angles: &Angles<B>) -> Tensor<B, 4> {
         let [batch, seq, heads, width] = x.dims();
         let half = width / 2;
         let Angles { cos, sin } = angles.clone();
@@ -381,6 +392,61 @@ mod tests {
     /// Phi-3's partial rotary frequencies (the spec of issue 27, transformers 5.24
     /// `Phi3RotaryEmbedding`): `rotary_dim = 4` of `head_dim = 8`, theta 10000 → `[1, 0.01]`,
     /// the exponent over the rotated width, not the head's.
+    /// On the bare CPU backends a head is turned in one pass over its buffer, to the bit as
+    /// Burn's ops turn it, in both layouts, for positions from a start and given per row, on a
+    /// tensor alone and on one whose buffer another clone shares (which must not change).
+    fn one_pass_is_burns_ops<B: Backend>() {
+        let device = Default::default();
+        let (batch, seq, heads, head_dim) = (2, 7, 3, 12);
+        let values: Vec<f32> = (0..batch * seq * heads * head_dim)
+            .map(|i| (i as f32 * 0.61).cos() * 3.0)
+            .collect();
+        let data = TensorData::new(values, [batch, seq, heads, head_dim]);
+        let given: Vec<i64> = (0..batch * seq).map(|i| (5 * i % 13) as i64).collect();
+        let given = Positions::Given(Tensor::<B, 2, Int>::from_data(
+            TensorData::new(given, [batch, seq]),
+            &device,
+        ));
+        for layout in [RopeLayout::Half, RopeLayout::Interleaved] {
+            let rotary = Rotary::new(&RopeConfig::new().with_layout(layout), head_dim);
+            for positions in [Positions::From(40), given.clone()] {
+                let angles = rotary.angles(&positions, seq, DType::F32, &device);
+                let x = Tensor::<B, 4>::from_data(data.clone(), &device);
+                let expected = rotary.rotate_with_ops(x.clone(), &angles).into_data();
+                let shared = x.clone();
+                let turned = rotated_in_place(
+                    x,
+                    &angles.cos,
+                    &angles.sin,
+                    match layout {
+                        RopeLayout::Half => Pairs::Halves,
+                        RopeLayout::Interleaved => Pairs::Adjacent,
+                    },
+                );
+                let turned = turned.expect("a bare CPU backend, f32");
+                let what = format!("{layout:?}, {positions:?}");
+                assert_eq!(turned.into_data(), expected, "{what}");
+                assert_eq!(shared.into_data(), data, "{what}: the shared clone");
+                let alone = Tensor::<B, 4>::from_data(data.clone(), &device);
+                assert_eq!(
+                    rotary.rotate(alone, &angles).into_data(),
+                    expected,
+                    "{what}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn one_pass_is_burns_ops_on_flex() {
+        one_pass_is_burns_ops::<burn::backend::Flex>();
+    }
+
+    #[test]
+    fn one_pass_is_burns_ops_on_ndarray() {
+        one_pass_is_burns_ops::<NdArray>();
+    }
+
     #[test]
     fn partial_rotary_frequencies_have_the_exponent_over_the_rotated_width() {
         let config = RopeConfig::new().with_rotary_dim(Some(4));

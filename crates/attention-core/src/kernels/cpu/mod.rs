@@ -10,7 +10,7 @@
 //! - `packed.rs`: a decoding step's weights packed once, and their product
 //! - `matvec.rs`: a decoding step's product on weights read in place (where not packed)
 //! - `products_op.rs`: the products under `Autodiff`, with their own backward
-//! - `elementwise.rs`: the models' nonlinearities, one vectorized pass over a buffer
+//! - `elementwise.rs`: the models' nonlinearities and rotary turns, one pass over a buffer
 
 mod elementwise;
 mod host_cache;
@@ -22,7 +22,7 @@ mod products;
 mod products_op;
 mod simd;
 
-pub(crate) use elementwise::{Nonlinearity, in_place};
+pub(crate) use elementwise::{Nonlinearity, Pairs, in_place, rotated_in_place};
 pub(crate) use host_cache::HostStorage;
 pub(crate) use op::{cached, forward, on_autodiff};
 pub(crate) use packed::release as release_packed_weights;
