@@ -172,6 +172,16 @@ mod x86 {
 
     use super::PANEL;
 
+    /// `$body::<R>$args` for the `R` among `$counts` that equals `$rows`.
+    macro_rules! by_rows {
+        ($body:ident, $rows:expr, $args:tt, [$($counts:literal)*]) => {
+            match $rows {
+                $($counts => $body::<$counts> $args,)*
+                rows => unreachable!("{rows} rows: checked by the caller"),
+            }
+        };
+    }
+
     /// # Safety
     /// The CPU has AVX-512F; `x_by_feature` is `[k, rows]`, `panels` `[count, k, PANEL]`,
     /// `out` `[count, rows, PANEL]`, `rows` from 1 to 8.
@@ -182,52 +192,8 @@ mod x86 {
         panels: &[f32],
         out: &mut [f32],
     ) {
-        let (x, p, o) = (x_by_feature, panels, out);
         // SAFETY: the caller's contract, passed on.
-        unsafe {
-            match rows {
-                1 => avx512::<1>(x, p, o),
-                2 => avx512::<2>(x, p, o),
-                3 => avx512::<3>(x, p, o),
-                4 => avx512::<4>(x, p, o),
-                5 => avx512::<5>(x, p, o),
-                6 => avx512::<6>(x, p, o),
-                7 => avx512::<7>(x, p, o),
-                8 => avx512::<8>(x, p, o),
-                _ => unreachable!("{rows} rows: checked by the caller"),
-            }
-        }
-    }
-
-    #[target_feature(enable = "avx512f")]
-    unsafe fn avx512<const R: usize>(x_by_feature: &[f32], panels: &[f32], out: &mut [f32]) {
-        let k = x_by_feature.len() / R;
-        for (panel, out) in panels
-            .chunks_exact(k * PANEL)
-            .zip(out.chunks_exact_mut(R * PANEL))
-        {
-            let mut sums = [[_mm512_setzero_ps(); 2]; R];
-            for (xs, weights) in x_by_feature.chunks_exact(R).zip(panel.chunks_exact(PANEL)) {
-                // SAFETY: `weights` is PANEL = 2 · 16 elements.
-                let weights = unsafe {
-                    let at = weights.as_ptr();
-                    [_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(16))]
-                };
-                for (sums, &x) in sums.iter_mut().zip(xs) {
-                    let x = _mm512_set1_ps(x);
-                    for (sum, &weights) in sums.iter_mut().zip(&weights) {
-                        *sum = _mm512_fmadd_ps(x, weights, *sum);
-                    }
-                }
-            }
-            for (out, sums) in out.chunks_exact_mut(PANEL).zip(&sums) {
-                // SAFETY: `out` is PANEL = 2 · 16 elements.
-                unsafe {
-                    _mm512_storeu_ps(out.as_mut_ptr(), sums[0]);
-                    _mm512_storeu_ps(out.as_mut_ptr().add(16), sums[1]);
-                }
-            }
-        }
+        unsafe { by_rows!(avx512, rows, (x_by_feature, panels, out), [1 2 3 4 5 6 7 8]) }
     }
 
     /// # Safety
@@ -239,46 +205,74 @@ mod x86 {
         panels: &[f32],
         out: &mut [f32],
     ) {
-        let (x, p, o) = (x_by_feature, panels, out);
         // SAFETY: the caller's contract, passed on.
-        unsafe {
-            match rows {
-                1 => avx2::<1>(x, p, o),
-                2 => avx2::<2>(x, p, o),
-                3 => avx2::<3>(x, p, o),
-                _ => unreachable!("{rows} rows: checked by the caller"),
-            }
-        }
+        unsafe { by_rows!(avx2, rows, (x_by_feature, panels, out), [1 2 3]) }
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn avx2<const R: usize>(x_by_feature: &[f32], panels: &[f32], out: &mut [f32]) {
-        let k = x_by_feature.len() / R;
-        for (panel, out) in panels
-            .chunks_exact(k * PANEL)
-            .zip(out.chunks_exact_mut(R * PANEL))
-        {
-            let mut sums = [[_mm256_setzero_ps(); 4]; R];
-            for (xs, weights) in x_by_feature.chunks_exact(R).zip(panel.chunks_exact(PANEL)) {
-                // SAFETY: `weights` is PANEL = 4 · 8 elements.
-                let weights: [__m256; 4] = std::array::from_fn(|i| unsafe {
-                    _mm256_loadu_ps(weights.as_ptr().add(8 * i))
-                });
-                for (sums, &x) in sums.iter_mut().zip(xs) {
-                    let x = _mm256_set1_ps(x);
-                    for (sum, &weights) in sums.iter_mut().zip(&weights) {
-                        *sum = _mm256_fmadd_ps(x, weights, *sum);
+    /// One instruction set's panel product, `R` rows: `$vector` registers of `$lanes` floats,
+    /// `PANEL / $lanes` of them per row.
+    macro_rules! panel_product {
+        ($name:ident, $feature:literal, $vector:ty, $lanes:literal,
+         $zero:ident, $load:ident, $splat:ident, $fmadd:ident, $store:ident) => {
+            /// # Safety
+            /// The CPU has the instruction set; `x_by_feature` is `[k, R]`, `panels`
+            /// `[count, k, PANEL]`, `out` `[count, R, PANEL]`.
+            #[target_feature(enable = $feature)]
+            unsafe fn $name<const R: usize>(x_by_feature: &[f32], panels: &[f32], out: &mut [f32]) {
+                const VECTORS: usize = PANEL / $lanes;
+                let k = x_by_feature.len() / R;
+                for (panel, out) in panels
+                    .chunks_exact(k * PANEL)
+                    .zip(out.chunks_exact_mut(R * PANEL))
+                {
+                    let mut sums: [[$vector; VECTORS]; R] = [[$zero(); VECTORS]; R];
+                    for (xs, weights) in x_by_feature.chunks_exact(R).zip(panel.chunks_exact(PANEL))
+                    {
+                        let mut vectors: [$vector; VECTORS] = [$zero(); VECTORS];
+                        for (i, vector) in vectors.iter_mut().enumerate() {
+                            // SAFETY: `weights` is PANEL = VECTORS · $lanes elements.
+                            *vector = unsafe { $load(weights.as_ptr().add($lanes * i)) };
+                        }
+                        for (sums, &x) in sums.iter_mut().zip(xs) {
+                            let x = $splat(x);
+                            for (sum, &weights) in sums.iter_mut().zip(&vectors) {
+                                *sum = $fmadd(x, weights, *sum);
+                            }
+                        }
+                    }
+                    for (out, sums) in out.chunks_exact_mut(PANEL).zip(&sums) {
+                        for (i, &sum) in sums.iter().enumerate() {
+                            // SAFETY: `out` is PANEL = VECTORS · $lanes elements.
+                            unsafe { $store(out.as_mut_ptr().add($lanes * i), sum) };
+                        }
                     }
                 }
             }
-            for (out, sums) in out.chunks_exact_mut(PANEL).zip(&sums) {
-                for (i, &sum) in sums.iter().enumerate() {
-                    // SAFETY: `out` is PANEL = 4 · 8 elements.
-                    unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * i), sum) };
-                }
-            }
-        }
+        };
     }
+
+    panel_product!(
+        avx512,
+        "avx512f",
+        __m512,
+        16,
+        _mm512_setzero_ps,
+        _mm512_loadu_ps,
+        _mm512_set1_ps,
+        _mm512_fmadd_ps,
+        _mm512_storeu_ps
+    );
+    panel_product!(
+        avx2,
+        "avx2,fma",
+        __m256,
+        8,
+        _mm256_setzero_ps,
+        _mm256_loadu_ps,
+        _mm256_set1_ps,
+        _mm256_fmadd_ps,
+        _mm256_storeu_ps
+    );
 }
 
 dispatch!(fn silu_f32(xs: &mut [f32]) -> () = portable::silu);
