@@ -15,7 +15,7 @@ use burn::prelude::*;
 use burn::tensor::{DType, Int};
 
 use crate::error::AttentionError;
-use crate::kernels::cpu::{Pairs, rotated_in_place};
+use crate::kernels::cpu::rotated_in_place;
 
 /// Which features of a head form the rotated pairs (of its first `rotary_dim` features, with
 /// partial rotary embeddings).
@@ -311,11 +311,7 @@ impl Rotary {
     /// - `x`: `[batch, seq, heads, rotary_dim]`
     /// - output: `[batch, seq, heads, rotary_dim]`
     fn rotate<B: Backend>(&self, x: Tensor<B, 4>, angles: &Angles<B>) -> Tensor<B, 4> {
-        let pairs = match self.layout {
-            RopeLayout::Half => Pairs::Halves,
-            RopeLayout::Interleaved => Pairs::Adjacent,
-        };
-        rotated_in_place(x, &angles.cos, &angles.sin, pairs)
+        rotated_in_place(x, &angles.cos, &angles.sin, self.layout)
             .unwrap_or_else(|x| self.rotate_with_ops(x, angles))
     }
 
@@ -389,9 +385,6 @@ mod tests {
         }
     }
 
-    /// Phi-3's partial rotary frequencies (the spec of issue 27, transformers 5.24
-    /// `Phi3RotaryEmbedding`): `rotary_dim = 4` of `head_dim = 8`, theta 10000 → `[1, 0.01]`,
-    /// the exponent over the rotated width, not the head's.
     /// On the bare CPU backends a head is turned in one pass over its buffer, to the bit as
     /// Burn's ops turn it, in both layouts, for positions from a start and given per row, on a
     /// tensor alone and on one whose buffer another clone shares (which must not change).
@@ -414,15 +407,7 @@ mod tests {
                 let x = Tensor::<B, 4>::from_data(data.clone(), &device);
                 let expected = rotary.rotate_with_ops(x.clone(), &angles).into_data();
                 let shared = x.clone();
-                let turned = rotated_in_place(
-                    x,
-                    &angles.cos,
-                    &angles.sin,
-                    match layout {
-                        RopeLayout::Half => Pairs::Halves,
-                        RopeLayout::Interleaved => Pairs::Adjacent,
-                    },
-                );
+                let turned = rotated_in_place(x, &angles.cos, &angles.sin, layout);
                 let turned = turned.expect("a bare CPU backend, f32");
                 let what = format!("{layout:?}, {positions:?}");
                 assert_eq!(turned.into_data(), expected, "{what}");
@@ -447,6 +432,9 @@ mod tests {
         one_pass_is_burns_ops::<NdArray>();
     }
 
+    /// Phi-3's partial rotary frequencies (the spec of issue 27, transformers 5.24
+    /// `Phi3RotaryEmbedding`): `rotary_dim = 4` of `head_dim = 8`, theta 10000 → `[1, 0.01]`,
+    /// the exponent over the rotated width, not the head's.
     #[test]
     fn partial_rotary_frequencies_have_the_exponent_over_the_rotated_width() {
         let config = RopeConfig::new().with_rotary_dim(Some(4));

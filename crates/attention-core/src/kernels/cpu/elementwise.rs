@@ -13,6 +13,7 @@ use rayon::prelude::*;
 
 use super::simd;
 use crate::Kernel;
+use crate::rope::RopeLayout;
 
 /// A nonlinearity that [`in_place`] computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,15 +73,6 @@ fn with_values<B: Backend, const D: usize>(
     Tensor::from_data(data, &device)
 }
 
-/// How a head's features pair up to be turned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pairs {
-    /// Feature `i` with `i + width / 2`.
-    Halves,
-    /// Feature `2i` with `2i + 1`.
-    Adjacent,
-}
-
 /// Every head of `x` turned by its position's angles, computed here: each pair `(a, b)` becomes
 /// `(a cos − b sin, b cos + a sin)`, rounded as Burn's ops round it (each product, then the
 /// sum); or `Err(x)`, untouched, where Burn's ops should compute it (as [`in_place`], or angles
@@ -93,7 +85,7 @@ pub(crate) fn rotated_in_place<B: Backend>(
     x: Tensor<B, 4>,
     cos: &Tensor<B, 4>,
     sin: &Tensor<B, 4>,
-    pairs: Pairs,
+    layout: RopeLayout,
 ) -> Result<Tensor<B, 4>, Tensor<B, 4>> {
     let [batch, seq, heads, width] = x.dims();
     let half = width / 2;
@@ -104,6 +96,7 @@ pub(crate) fn rotated_in_place<B: Backend>(
     if !Kernel::on_bare_host::<B>()
         || x.dtype() != DType::F32
         || width % 2 != 0
+        || heads * width == 0
         || !(angles_batch == 1 || angles_batch == batch)
         || !fits(cos)
         || !fits(sin)
@@ -123,14 +116,14 @@ pub(crate) fn rotated_in_place<B: Backend>(
         } * half;
         let (cos, sin) = (&cos[at..at + half], &sin[at..at + half]);
         for head in heads_here.chunks_exact_mut(width) {
-            match pairs {
-                Pairs::Halves => {
+            match layout {
+                RopeLayout::Half => {
                     let (first, second) = head.split_at_mut(half);
                     for (((a, b), &cos), &sin) in first.iter_mut().zip(second).zip(cos).zip(sin) {
                         (*a, *b) = (*a * cos - *b * sin, *b * cos + *a * sin);
                     }
                 }
-                Pairs::Adjacent => {
+                RopeLayout::Interleaved => {
                     for ((pair, &cos), &sin) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
                         let (a, b) = (pair[0], pair[1]);
                         (pair[0], pair[1]) = (a * cos - b * sin, b * cos + a * sin);

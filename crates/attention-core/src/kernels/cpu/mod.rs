@@ -22,7 +22,7 @@ mod products;
 mod products_op;
 mod simd;
 
-pub(crate) use elementwise::{Nonlinearity, Pairs, in_place, rotated_in_place};
+pub(crate) use elementwise::{Nonlinearity, in_place, rotated_in_place};
 pub(crate) use host_cache::HostStorage;
 pub(crate) use op::{cached, forward, on_autodiff};
 pub(crate) use packed::release as release_packed_weights;

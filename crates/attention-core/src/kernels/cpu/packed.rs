@@ -147,12 +147,21 @@ impl PackedWeights {
         pass: usize,
     ) -> Vec<Vec<f32>> {
         assert!((1..=MAX_PRODUCT_ROWS).contains(&rows) && x.len() == rows * self.k);
-        let mut x_by_feature = vec![0.0f32; x.len()];
-        for (row, x) in x.chunks_exact(self.k).enumerate() {
-            for (feature, &x) in x.iter().enumerate() {
-                x_by_feature[feature * rows + row] = x;
-            }
-        }
+        // Each pass: its first row, its row count, and its rows' inputs feature by feature
+        // (`[k, count]`), made once for every task.
+        let passes: Vec<(usize, usize, Vec<f32>)> = (0..rows)
+            .step_by(pass)
+            .map(|first| {
+                let count = pass.min(rows - first);
+                let mut x_by_feature = vec![0.0f32; self.k * count];
+                for (row, x) in x.chunks_exact(self.k).skip(first).take(count).enumerate() {
+                    for (feature, &x) in x.iter().enumerate() {
+                        x_by_feature[feature * count + row] = x;
+                    }
+                }
+                (first, count, x_by_feature)
+            })
+            .collect();
         let panels = self.panels.len() / (self.k * PANEL);
         let tasks = 4 * rayon::current_num_threads().max(1);
         let per_task = panels.div_ceil(tasks);
@@ -162,29 +171,21 @@ impl PackedWeights {
             .par_chunks_mut(per_task * rows * PANEL)
             .zip(self.panels.par_chunks(per_task * self.k * PANEL))
             .for_each(|(out, panels)| {
-                if rows <= pass {
-                    simd::rows_times_panels_f32(&x_by_feature, rows, panels, out);
+                if let [(_, _, x_by_feature)] = passes.as_slice() {
+                    simd::rows_times_panels_f32(x_by_feature, rows, panels, out);
                     return;
                 }
                 // Rows in passes that fit the registers, each over the same panels.
                 let mut part = Vec::new();
-                let mut first = 0;
-                while first < rows {
-                    let count = pass.min(rows - first);
-                    let x: Vec<f32> = x_by_feature
-                        .chunks_exact(rows)
-                        .flat_map(|features| &features[first..first + count])
-                        .copied()
-                        .collect();
+                for (first, count, x_by_feature) in &passes {
                     part.resize(out.len() / rows * count, 0.0);
-                    simd::rows_times_panels_f32(&x, count, panels, &mut part);
+                    simd::rows_times_panels_f32(x_by_feature, *count, panels, &mut part);
                     for (out, part) in out
                         .chunks_exact_mut(rows * PANEL)
                         .zip(part.chunks_exact(count * PANEL))
                     {
                         out[first * PANEL..(first + count) * PANEL].copy_from_slice(part);
                     }
-                    first += count;
                 }
             });
         let mut first_column = 0;
