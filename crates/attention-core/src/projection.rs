@@ -1,12 +1,12 @@
 //! Projections, `x · W (+ b)`, as the layer and the models built on it compute them: on a CPU
-//! backend in `f32`, the CPU kernel's products (`kernels/cpu/products.rs`: the weights read in
-//! place, a decoding step's few rows on every thread, more rows on `gemm` as one `[rows, in]`
-//! product with the bias in the same pass), under `Autodiff` with a backward of the same
-//! products (`kernels/cpu/products_op.rs`); everywhere else, Burn's `Linear` and `matmul`.
+//! backend in `f32`, the CPU kernel's products (`kernels/cpu/products.rs`: the weights packed
+//! once, a decoding step's few rows on every thread, a prefill's in blocks of rows, the bias in
+//! the same pass), under `Autodiff` with a backward of the same products
+//! (`kernels/cpu/products_op.rs`: a training step's larger products on `gemm`, the weights read
+//! in place); everywhere else, Burn's `Linear` and `matmul`.
 //!
-//! A decoding step's products (1 to 8 rows) run on weights packed once, kept until their
-//! parameter is replaced or dropped: about one more copy of the weights in memory while a model
-//! decodes ([`release_packed_weights`] frees it).
+//! The packed weights are kept until their parameter is replaced or dropped: about one more copy
+//! of the weights in memory while a model runs ([`release_packed_weights`] frees it).
 
 use burn::nn::Linear;
 use burn::prelude::*;
@@ -58,11 +58,11 @@ pub fn matmul<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 2>)
     }
 }
 
-/// Frees the packed copies of weights that decoding steps on a CPU backend made
+/// Frees the packed copies of weights that products on a CPU backend made
 /// (`kernels/cpu/packed.rs`): each also holds its weight's buffer. Copies of weights that no
 /// tensor holds any more (a dropped model, parameters an optimizer step replaced) are freed at
 /// the next packing anyway; this frees them now, and the weights in use are packed again at
-/// their next decoding step.
+/// their next product.
 pub fn release_packed_weights() {
     kernels::cpu::release_packed_weights();
 }
@@ -201,7 +201,7 @@ mod tests {
     }
 
     /// No product is stale: the call after an optimizer's update computes with the updated
-    /// weight, at a decoding step's rows (on weights packed before the step) and a prefill's.
+    /// weight, at a decoding step's rows and a prefill's (both on weights packed before the step).
     fn an_optimizer_step_is_seen_by_the_next_call<B: AutodiffBackend>() {
         let device = Default::default();
         for rows in [1, 7, 65] {

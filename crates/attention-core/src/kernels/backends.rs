@@ -179,7 +179,7 @@ pub(crate) fn host_products<B: Backend, const D: usize, const N: usize>(
     use burn::backend::Autodiff;
     use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, NoCheckpointing};
     if Kernel::on_bare_host::<B>() {
-        return cpu::products(x, weights);
+        return cpu::products(x, weights, cpu::Reuse::Inference);
     }
     macro_rules! tracked {
         ($inner:ty, cpu, $kernel:expr) => {

@@ -7,7 +7,7 @@
 //! - `op.rs`: the kernel as a Burn operation, with its autodiff node
 //! - `host_cache.rs`: a key/value cache's storage in the kernel's layout
 //! - `products.rs`: the projections on the host, every operand read in place
-//! - `packed.rs`: a decoding step's weights packed once, and their product
+//! - `packed.rs`: weights packed once, and their products (a decoding step's, a prefill's)
 //! - `matvec.rs`: a decoding step's product on weights read in place (where not packed)
 //! - `products_op.rs`: the products under `Autodiff`, with their own backward
 //! - `elementwise.rs`: the models' nonlinearities and rotary turns, one pass over a buffer
@@ -26,5 +26,5 @@ pub(crate) use elementwise::{Nonlinearity, in_place, rotated_in_place};
 pub(crate) use host_cache::HostStorage;
 pub(crate) use op::{cached, forward, on_autodiff};
 pub(crate) use packed::release as release_packed_weights;
-pub(crate) use products::products;
+pub(crate) use products::{Reuse, products};
 pub(crate) use products_op::tracked_products;

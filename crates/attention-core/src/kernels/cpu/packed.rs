@@ -1,13 +1,15 @@
-//! A decoding step's weights packed once, in panels of [`PANEL`] output columns, for
-//! `products.rs`.
+//! Weights packed once, in panels of [`PANEL`] output columns, for `products.rs`: a decoding
+//! step's products and a prefill's.
 //!
 //! At one to eight rows a product is a stream of its weights: read in place (`matvec.rs`), a
 //! row-major weight gives each task whole weight rows, whose sums for every output column go
 //! through memory once per weight row. Packed, each panel is `k` runs of `PANEL` weights in the
 //! order they are used: a task holds one panel's `rows × PANEL` sums in registers while the
-//! panel streams by once, and the tasks split the output columns, so they share no sums.
-//! The weights of one call (a layer's queries, keys and values) are packed side by side, as one
-//! `[in, q + 2·kv]` matrix, and multiplied as one.
+//! panel streams by once, and the tasks split the output columns, so they share no sums. A
+//! prefill's rows take the same panel product in blocks of rows, one block per task, so that no
+//! call packs its operands as `gemm` does in each. The weights of one call (a layer's queries,
+//! keys and values) are packed side by side, as one `[in, q + 2·kv]` matrix, and multiplied as
+//! one.
 //!
 //! Packing is done once per weight buffer, not per call: a packed matrix holds its sources'
 //! buffers (a clone of each tensor), so that while it is in the cache no buffer can be freed
@@ -147,21 +149,7 @@ impl PackedWeights {
         pass: usize,
     ) -> Vec<Vec<f32>> {
         assert!((1..=MAX_PRODUCT_ROWS).contains(&rows) && x.len() == rows * self.k);
-        // Each pass: its first row, its row count, and its rows' inputs feature by feature
-        // (`[k, count]`), made once for every task.
-        let passes: Vec<(usize, usize, Vec<f32>)> = (0..rows)
-            .step_by(pass)
-            .map(|first| {
-                let count = pass.min(rows - first);
-                let mut x_by_feature = vec![0.0f32; self.k * count];
-                for (row, x) in x.chunks_exact(self.k).skip(first).take(count).enumerate() {
-                    for (feature, &x) in x.iter().enumerate() {
-                        x_by_feature[feature * count + row] = x;
-                    }
-                }
-                (first, count, x_by_feature)
-            })
-            .collect();
+        let passes = Pass::all(x, self.k, pass);
         let panels = self.panels.len() / (self.k * PANEL);
         let tasks = 4 * rayon::current_num_threads().max(1);
         let per_task = panels.div_ceil(tasks);
@@ -171,15 +159,16 @@ impl PackedWeights {
             .par_chunks_mut(per_task * rows * PANEL)
             .zip(self.panels.par_chunks(per_task * self.k * PANEL))
             .for_each(|(out, panels)| {
-                if let [(_, _, x_by_feature)] = passes.as_slice() {
-                    simd::rows_times_panels_f32(x_by_feature, rows, panels, out);
+                if let [pass] = passes.as_slice() {
+                    simd::rows_times_panels_f32(&pass.x_by_feature, rows, panels, out);
                     return;
                 }
                 // Rows in passes that fit the registers, each over the same panels.
                 let mut part = Vec::new();
-                for (first, count, x_by_feature) in &passes {
+                for pass in &passes {
+                    let (first, count) = (pass.first, pass.rows);
                     part.resize(out.len() / rows * count, 0.0);
-                    simd::rows_times_panels_f32(x_by_feature, *count, panels, &mut part);
+                    simd::rows_times_panels_f32(&pass.x_by_feature, count, panels, &mut part);
                     for (out, part) in out
                         .chunks_exact_mut(rows * PANEL)
                         .zip(part.chunks_exact(count * PANEL))
@@ -188,24 +177,180 @@ impl PackedWeights {
                     }
                 }
             });
-        let mut first_column = 0;
-        self.widths
-            .iter()
-            .zip(biases)
-            .map(|(&n, bias)| {
-                let mut output = Vec::with_capacity(rows * n);
-                for row in 0..rows {
-                    output.extend((first_column..first_column + n).map(|column| {
-                        let (panel, lane) = (column / PANEL, column % PANEL);
-                        by_panel[(panel * rows + row) * PANEL + lane]
-                    }));
-                    if let Some(bias) = bias {
-                        let row = &mut output[row * n..];
-                        row.iter_mut().zip(*bias).for_each(|(o, b)| *o += b);
+        let mut outputs: Vec<Vec<f32>> = self.widths.iter().map(|&n| vec![0.0; rows * n]).collect();
+        let mut rows_of_outputs: Vec<&mut [f32]> =
+            outputs.iter_mut().map(Vec::as_mut_slice).collect();
+        for (sums, segments) in by_panel.chunks_exact(rows * PANEL).zip(&self.segments()) {
+            self.write_rows(sums, 0, segments, biases, &mut rows_of_outputs);
+        }
+        outputs
+    }
+
+    /// A prefill's products, `x · weight_i + bias_i` for every packed weight: one task per block
+    /// of rows, which multiplies its rows (in passes that fit the registers) by every panel, a
+    /// few panels at a time, so that each few streams from memory once per block and from the
+    /// core's cache for each pass; the sums go straight to the outputs' rows.
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, k]` row-major; `biases[i]`: `[n_i]`
+    /// - outputs: `[rows, n_i]`
+    pub(super) fn product_of_many_rows(
+        &self,
+        x: &[f32],
+        rows: usize,
+        biases: &[Option<&[f32]>],
+    ) -> Vec<Vec<f32>> {
+        let k = self.k;
+        assert!(rows > 0 && x.len() == rows * k);
+        let pass = simd::rows_per_panel_pass();
+        let threads = rayon::current_num_threads().max(1);
+        let block = rows
+            .div_ceil(2 * threads)
+            .next_multiple_of(pass)
+            .min(MAX_BLOCK_ROWS);
+        let panels_at_once = (CACHED_PANEL_BYTES / (k * PANEL * size_of::<f32>())).max(1);
+        let segments = self.segments();
+        let mut outputs: Vec<Vec<f32>> = self.widths.iter().map(|&n| vec![0.0; rows * n]).collect();
+        // Each task's rows of every output.
+        let mut blocks: Vec<Vec<&mut [f32]>> =
+            (0..rows.div_ceil(block)).map(|_| Vec::new()).collect();
+        for (output, &n) in outputs.iter_mut().zip(&self.widths) {
+            for (block, rows) in blocks.iter_mut().zip(output.chunks_mut(block * n)) {
+                block.push(rows);
+            }
+        }
+        blocks
+            .into_par_iter()
+            .zip(x.par_chunks(block * k))
+            .for_each(|(mut outputs, x)| {
+                let passes = Pass::all(x, k, pass);
+                let mut sums = Vec::new();
+                for (group, panels) in self.panels.chunks(panels_at_once * k * PANEL).enumerate() {
+                    for pass in &passes {
+                        sums.resize(panels.len() / k * pass.rows, 0.0);
+                        simd::rows_times_panels_f32(
+                            &pass.x_by_feature,
+                            pass.rows,
+                            panels,
+                            &mut sums,
+                        );
+                        let first_panel = group * panels_at_once;
+                        for (sums, segments) in sums
+                            .chunks_exact(pass.rows * PANEL)
+                            .zip(&segments[first_panel..])
+                        {
+                            self.write_rows(sums, pass.first, segments, biases, &mut outputs);
+                        }
                     }
                 }
-                first_column += n;
-                output
+            });
+        outputs
+    }
+
+    /// One panel's sums for a pass of rows (`[rows, PANEL]`, the first `first_row`), plus the
+    /// biases, into the outputs' rows (each output a run of whole rows of `[rows, n_i]`).
+    fn write_rows(
+        &self,
+        sums: &[f32],
+        first_row: usize,
+        segments: &[Segment],
+        biases: &[Option<&[f32]>],
+        outputs: &mut [&mut [f32]],
+    ) {
+        for segment in segments {
+            let n = self.widths[segment.weight];
+            let bias = biases[segment.weight].map(|bias| &bias[segment.columns.clone()]);
+            for (row, sums) in sums.chunks_exact(PANEL).enumerate() {
+                let start = (first_row + row) * n + segment.columns.start;
+                let out = &mut outputs[segment.weight][start..][..segment.columns.len()];
+                let sums = &sums[segment.lanes.clone()];
+                match bias {
+                    Some(bias) => out
+                        .iter_mut()
+                        .zip(sums.iter().zip(bias))
+                        .for_each(|(out, (sum, bias))| *out = sum + bias),
+                    None => out.copy_from_slice(sums),
+                }
+            }
+        }
+    }
+
+    /// Per panel, the runs of its lanes that belong to one weight.
+    fn segments(&self) -> Vec<Vec<Segment>> {
+        let panels = self.panels.len() / (self.k * PANEL);
+        let mut segments = vec![Vec::new(); panels];
+        let mut first_column = 0;
+        for (weight, &n) in self.widths.iter().enumerate() {
+            let mut column = 0;
+            while column < n {
+                let (panel, lane) = (
+                    (first_column + column) / PANEL,
+                    (first_column + column) % PANEL,
+                );
+                let len = (PANEL - lane).min(n - column);
+                segments[panel].push(Segment {
+                    weight,
+                    columns: column..column + len,
+                    lanes: lane..lane + len,
+                });
+                column += len;
+            }
+            first_column += n;
+        }
+        segments
+    }
+}
+
+/// The most rows one task of [`PackedWeights::product_of_many_rows`] takes: its inputs, by
+/// feature, stay in the core's cache beside the panels.
+const MAX_BLOCK_ROWS: usize = 128;
+
+/// The bytes of panels one task multiplies its rows by before it moves on: a part of a core's
+/// second-level cache.
+const CACHED_PANEL_BYTES: usize = 384 * 1024;
+
+/// Lanes of one panel that are columns of one weight.
+#[derive(Debug, Clone)]
+struct Segment {
+    /// The weight's index among those packed.
+    weight: usize,
+    /// Its columns.
+    columns: std::ops::Range<usize>,
+    /// The panel's lanes that hold them.
+    lanes: std::ops::Range<usize>,
+}
+
+/// Rows taken over the panels at once: their inputs feature by feature.
+struct Pass {
+    /// The first row's index.
+    first: usize,
+    rows: usize,
+    /// `[k, rows]`
+    x_by_feature: Vec<f32>,
+}
+
+impl Pass {
+    /// `x`'s rows in passes of at most `rows` each.
+    ///
+    /// # Shapes
+    /// - `x`: `[rows_of_x, k]` row-major
+    fn all(x: &[f32], k: usize, rows: usize) -> Vec<Self> {
+        let rows_of_x = x.len() / k;
+        (0..rows_of_x)
+            .step_by(rows)
+            .map(|first| {
+                let count = rows.min(rows_of_x - first);
+                let mut x_by_feature = vec![0.0f32; k * count];
+                for (row, x) in x.chunks_exact(k).skip(first).take(count).enumerate() {
+                    for (feature, &x) in x.iter().enumerate() {
+                        x_by_feature[feature * count + row] = x;
+                    }
+                }
+                Self {
+                    first,
+                    rows: count,
+                    x_by_feature,
+                }
             })
             .collect()
     }
@@ -217,6 +362,7 @@ mod tests {
     use burn::prelude::*;
     use burn::tensor::Distribution;
 
+    use super::super::products::Reuse;
     use super::*;
 
     /// A plain `x · weight + bias`, row by row, in `f64`.
@@ -269,11 +415,13 @@ mod tests {
         let x = Tensor::<B, 2>::random([2, 211], normal, &device);
         let weight = Tensor::<B, 2>::random([211, 97], normal, &device);
         let key = HostMatrix::of(&weight).expect("a bare CPU backend").key();
-        crate::kernels::cpu::products(&x, [(&weight, None)]).expect("a bare CPU backend");
+        crate::kernels::cpu::products(&x, [(&weight, None)], Reuse::Inference)
+            .expect("a bare CPU backend");
         assert!(holds(key), "packed at its first product");
         drop(weight);
         let other = Tensor::<B, 2>::random([211, 98], normal, &device);
-        crate::kernels::cpu::products(&x, [(&other, None)]).expect("a bare CPU backend");
+        crate::kernels::cpu::products(&x, [(&other, None)], Reuse::Inference)
+            .expect("a bare CPU backend");
         assert!(!holds(key), "dropped at the next packing");
     }
 

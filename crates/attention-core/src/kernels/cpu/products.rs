@@ -1,9 +1,10 @@
-//! Projections, `x · weight + bias`, on the bare CPU backends: a decoding step's few rows on
-//! weights packed once in panels (`packed.rs`; read in place by `matvec.rs`'s loops where a
-//! buffer's lifetime cannot be followed), the weights of one input packed side by side and
-//! multiplied as one; more rows on `gemm` over the whole `[rows, in]` buffer (batch and sequence
-//! as one dimension, one block of rows or columns per thread, the bias added in the same pass),
-//! every operand read where it lies.
+//! Projections, `x · weight + bias`, on the bare CPU backends: on weights packed once in
+//! panels (`packed.rs`), the weights of one input packed side by side and multiplied as one —
+//! a decoding step's few rows split over the panels, a prefill's rows in blocks, one per task;
+//! where packing does not pay ([`Reuse`]) or a buffer's lifetime cannot be followed, a decoding
+//! step's rows on `matvec.rs`'s loops over the weights in place and more rows on `gemm` over the
+//! whole `[rows, in]` buffer (batch and sequence as one dimension, one block of rows or columns
+//! per thread, the bias added in the same pass), every operand read where it lies.
 //!
 //! Burn's `Linear` on burn-flex runs a `[batch, seq, in]` input as one `gemm` per batch row
 //! (on one thread each, in parallel over the batch) and adds the bias in a second, broadcasting
@@ -38,6 +39,7 @@ use super::{matvec, packed};
 pub(crate) fn products<B: Backend, const D: usize, const N: usize>(
     x: &Tensor<B, D>,
     weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
+    reuse: Reuse,
 ) -> Option<[Tensor<B, D>; N]> {
     let dims = x.dims();
     let k = dims[D - 1];
@@ -71,8 +73,23 @@ pub(crate) fn products<B: Backend, const D: usize, const N: usize>(
             (&x_copy, Layout::RowMajor)
         }
     };
+    let packed_weights = || {
+        let weights: Vec<&HostMatrix> = operands.iter().map(|(weight, _)| weight).collect();
+        packed::packed(&weights)
+    };
+    let biases: Vec<Option<&[f32]>> = operands.iter().map(|(_, bias)| bias.as_deref()).collect();
     let outputs: Vec<Vec<f32>> = if rows <= MAX_PRODUCT_ROWS {
-        few_rows(x, rows, &operands)
+        match reuse {
+            Reuse::Inference | Reuse::Training => packed_weights(),
+            Reuse::Once => None,
+        }
+        .map(|packed| packed.product(x, rows, &biases))
+        .unwrap_or_else(|| in_place(x, rows, &operands))
+    } else if let Some(packed) = (reuse == Reuse::Inference && x_layout == Layout::RowMajor)
+        .then(packed_weights)
+        .flatten()
+    {
+        packed.product_of_many_rows(x, rows, &biases)
     } else {
         // Each product is parallel already: one block of rows or columns per thread.
         operands
@@ -89,22 +106,31 @@ pub(crate) fn products<B: Backend, const D: usize, const N: usize>(
     }))
 }
 
-/// A decoding step's products: on the weights packed side by side, as one product, or, where
-/// they cannot be packed, `matvec.rs`'s loops on each weight in place, side by side.
+/// How a product's weights are used after it: what packing them (`packed.rs`) buys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reuse {
+    /// Parameters that many calls use as they are (a model that prefills and decodes): packed
+    /// once, for products of any row count.
+    Inference,
+    /// Parameters an optimizer step replaces: packed for a decoding step's few rows, where
+    /// reading them in place is slowest; more rows run on `gemm`, which packs per call what a
+    /// training step would pack anyway, and leaves the optimizer the only holder of its buffers.
+    Training,
+    /// Operands of this product alone (a backward's gradient or transposed weight): read in
+    /// place.
+    Once,
+}
+
+/// A decoding step's products on each weight in place (`matvec.rs`'s loops), side by side.
 ///
 /// # Shapes
 /// - `x`: `[rows, k]` row-major; each weight `[k, n_i]`, its bias `[n_i]`
 /// - outputs: `[rows, n_i]`
-fn few_rows(x: &[f32], rows: usize, operands: &[(HostMatrix, Option<Vec<f32>>)]) -> Vec<Vec<f32>> {
-    let weights: Vec<&HostMatrix> = operands.iter().map(|(weight, _)| weight).collect();
-    let biases: Vec<Option<&[f32]>> = operands.iter().map(|(_, bias)| bias.as_deref()).collect();
-    if let Some(packed) = packed::packed(&weights) {
-        return packed.product(x, rows, &biases);
-    }
+fn in_place(x: &[f32], rows: usize, operands: &[(HostMatrix, Option<Vec<f32>>)]) -> Vec<Vec<f32>> {
     let tasks = 4 * rayon::current_num_threads().max(1);
-    weights
+    operands
         .par_iter()
-        .zip(biases)
+        .map(|(weight, bias)| (weight, bias.as_deref()))
         .map(|(weight, bias)| match weight.layout {
             Layout::RowMajor => matvec::row_major(x, rows, weight.floats(), bias, tasks),
             Layout::ColumnMajor => matvec::column_major(x, rows, weight.floats(), bias, tasks),
@@ -322,10 +348,15 @@ mod tests {
         x: &Tensor<B, 2>,
         weight: &Tensor<B, 2>,
         bias: Option<&Tensor<B, 1>>,
+        reuse: Reuse,
     ) -> Option<Tensor<B, 2>> {
-        let [output] = products(x, [(weight, bias)])?;
+        let [output] = products(x, [(weight, bias)], reuse)?;
         Some(output)
     }
+
+    /// Every way of reading the weights: packed at every row count, packed for a decoding
+    /// step's rows only (`gemm` for more), in place.
+    const REUSES: [Reuse; 3] = [Reuse::Inference, Reuse::Training, Reuse::Once];
 
     /// Burn's `x · weight + bias`.
     fn burns<B: Backend>(
@@ -353,9 +384,10 @@ mod tests {
         error.into_scalar().elem()
     }
 
-    /// [`product`] against Burn's matmul (plus bias): a decoding step's row counts (1 to 8) and a
-    /// prefill's (9, 65, 130), widths that are not multiples of the 16 lanes, both weight layouts,
-    /// with and without a bias.
+    /// [`product`] against Burn's matmul (plus bias), every [`Reuse`]: a decoding step's row
+    /// counts (1 to 8) and a prefill's (9, 33, 65, 130: several blocks of rows), widths that are
+    /// not multiples of the 16 lanes nor the packed panels, both weight layouts, with and without
+    /// a bias, and inputs long enough that a prefill's panels are taken a few at a time.
     fn equals_burns_product<B: Backend>() {
         let device = Default::default();
         for (rows, k, n) in [
@@ -367,6 +399,7 @@ mod tests {
             (9, 40, 17),
             (65, 100, 130),
             (130, 48, 200),
+            (33, 1000, 130),
         ] {
             let x = Tensor::<B, 2>::random([rows, k], Distribution::Normal(0.0, 1.0), &device);
             let row_major = Tensor::<B, 2>::random([k, n], Distribution::Normal(0.0, 1.0), &device);
@@ -376,9 +409,11 @@ mod tests {
             let bias = Tensor::<B, 1>::random([n], Distribution::Normal(0.0, 1.0), &device);
             for weight in [row_major, column_major] {
                 for bias in [None, Some(&bias)] {
-                    let ours = product(&x, &weight, bias).expect("a bare CPU backend");
-                    let error = error(ours, &x, &weight, bias);
-                    assert!(error <= 1e-6, "{rows}x{k}x{n}: {error}");
+                    for reuse in REUSES {
+                        let ours = product(&x, &weight, bias, reuse).expect("a bare CPU backend");
+                        let error = error(ours, &x, &weight, bias);
+                        assert!(error <= 1e-6, "{rows}x{k}x{n} {reuse:?}: {error}");
+                    }
                 }
             }
         }
@@ -395,7 +430,8 @@ mod tests {
     }
 
     /// Several weights of one input (queries, keys, values of different widths, one without a
-    /// bias), at a decoding step's rows and a prefill's, and an input that is a transposed view.
+    /// bias: packed side by side, panels hold columns of two or three of them), at a decoding
+    /// step's rows and a prefill's, every [`Reuse`], and an input that is a transposed view.
     fn several_weights_equal_burns<B: Backend>() {
         let device = Default::default();
         let normal = Distribution::Normal(0.0, 1.0);
@@ -411,10 +447,12 @@ mod tests {
                     (&weights[1], Some(&biases[1])),
                     (&weights[2], None),
                 ];
-                let outputs = products(&x, pairs).expect("a bare CPU backend");
-                for (ours, (weight, bias)) in outputs.into_iter().zip(pairs) {
-                    let error = error(ours, &x, weight, bias);
-                    assert!(error <= 1e-6, "{rows} rows: {error}");
+                for reuse in REUSES {
+                    let outputs = products(&x, pairs, reuse).expect("a bare CPU backend");
+                    for (ours, (weight, bias)) in outputs.into_iter().zip(pairs) {
+                        let error = error(ours, &x, weight, bias);
+                        assert!(error <= 1e-6, "{rows} rows {reuse:?}: {error}");
+                    }
                 }
             }
         }
@@ -447,7 +485,7 @@ mod tests {
         let weight = Tensor::<NdArray, 2>::ones([16, 24], &device);
         for dims in [[1, 20, 16], [1, 1, 16], [3, 1, 16], [2, 9, 16]] {
             let x = Tensor::<NdArray, 3>::ones(dims, &device);
-            let [output] = products(&x, [(&weight, None)]).expect("bare ndarray");
+            let [output] = products(&x, [(&weight, None)], Reuse::Inference).expect("bare ndarray");
             let made = Tensor::<NdArray, 3>::zeros([dims[0], dims[1], 24], &device);
             assert_eq!(strides(output), strides(made), "{dims:?}");
         }
@@ -459,7 +497,8 @@ mod tests {
         fn taken<B: Backend>(rows: usize, dtype: DType) -> bool {
             let device = Default::default();
             let x = Tensor::<B, 2>::ones([rows, 4], (&device, dtype));
-            product(&x, &Tensor::ones([4, 3], (&device, dtype)), None).is_some()
+            let weight = Tensor::ones([4, 3], (&device, dtype));
+            product(&x, &weight, None, Reuse::Inference).is_some()
         }
         assert!(taken::<Flex>(MAX_PRODUCT_ROWS, DType::F32));
         assert!(taken::<Flex>(MAX_PRODUCT_ROWS + 1, DType::F32));
@@ -472,6 +511,6 @@ mod tests {
         let device = Default::default();
         let x = Tensor::<Flex, 2>::ones([2, 4], &device);
         let narrow = Tensor::<Flex, 2>::ones([3, 5], &device);
-        assert!(product(&x, &narrow, None).is_none());
+        assert!(product(&x, &narrow, None, Reuse::Inference).is_none());
     }
 }

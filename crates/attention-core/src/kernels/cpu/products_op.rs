@@ -17,7 +17,7 @@ use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn::tensor::ops::FloatTensor;
 
-use super::products::products;
+use super::products::{Reuse, products};
 use crate::kernels::same_type;
 
 /// [`products`] of `x` and `N` weights where `B` is `Autodiff<I, C>`, each output recorded with
@@ -46,6 +46,7 @@ pub(crate) fn tracked_products<
         weights
             .each_ref()
             .map(|(weight, bias)| (&weight.inner, bias.as_ref().map(|bias| &bias.inner))),
+        Reuse::Training,
     )?;
     let mut weights = weights.into_iter();
     Some(outputs.map(|output| {
@@ -147,7 +148,7 @@ impl<I: Backend, const D: usize, const N: usize> Backward<I, N> for ProductBackw
 
 /// `a · b` on [`products`], or Burn's matmul where they do not take it.
 fn product<I: Backend, const D: usize>(a: &Tensor<I, D>, b: Tensor<I, 2>) -> Tensor<I, D> {
-    match products(a, [(&b, None)]) {
+    match products(a, [(&b, None)], Reuse::Once) {
         Some([product]) => product,
         None => a.clone().matmul(b.unsqueeze()),
     }
