@@ -425,6 +425,32 @@ mod tests {
         assert!(!holds(key), "dropped at the next packing");
     }
 
+    /// A prefill's product packs its weights where they are parameters at inference, and reads
+    /// them in place (`gemm`) where an optimizer replaces them or they serve this product alone.
+    fn a_prefill_packs_only_parameters_at_inference<B: Backend>() {
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        // Sizes no other test uses, so that no other weight has this key.
+        let x = Tensor::<B, 2>::random([65, 213], normal, &device);
+        let weight = Tensor::<B, 2>::random([213, 99], normal, &device);
+        let key = HostMatrix::of(&weight).expect("a bare CPU backend").key();
+        for reuse in [Reuse::Training, Reuse::Once, Reuse::Inference] {
+            crate::kernels::cpu::products(&x, [(&weight, None)], reuse)
+                .expect("a bare CPU backend");
+            assert_eq!(holds(key), reuse == Reuse::Inference, "{reuse:?}");
+        }
+    }
+
+    #[test]
+    fn a_prefill_packs_only_parameters_at_inference_on_flex() {
+        a_prefill_packs_only_parameters_at_inference::<Flex>();
+    }
+
+    #[test]
+    fn a_prefill_packs_only_parameters_at_inference_on_ndarray() {
+        a_prefill_packs_only_parameters_at_inference::<NdArray>();
+    }
+
     #[test]
     fn a_dropped_weight_is_unpacked_at_the_next_packing_on_flex() {
         a_dropped_weight_is_unpacked_at_the_next_packing::<Flex>();
