@@ -35,6 +35,8 @@ pub(super) struct PackedWeights {
     k: usize,
     /// The number of columns of each weight, in order.
     widths: Vec<usize>,
+    /// Per panel, the runs of its lanes that are columns of one weight.
+    segments: Vec<Vec<Segment>>,
     /// The packed tensors' buffers, held while packed (see the module's docs).
     sources: Vec<HostMatrix>,
 }
@@ -120,6 +122,7 @@ impl PackedWeights {
         Self {
             panels,
             k,
+            segments: segments(&widths),
             widths,
             sources: weights.iter().map(|&weight| weight.clone()).collect(),
         }
@@ -180,7 +183,7 @@ impl PackedWeights {
         let mut outputs: Vec<Vec<f32>> = self.widths.iter().map(|&n| vec![0.0; rows * n]).collect();
         let mut rows_of_outputs: Vec<&mut [f32]> =
             outputs.iter_mut().map(Vec::as_mut_slice).collect();
-        for (sums, segments) in by_panel.chunks_exact(rows * PANEL).zip(&self.segments()) {
+        for (sums, segments) in by_panel.chunks_exact(rows * PANEL).zip(&self.segments) {
             self.write_rows(sums, 0, segments, biases, &mut rows_of_outputs);
         }
         outputs
@@ -206,10 +209,9 @@ impl PackedWeights {
         let threads = rayon::current_num_threads().max(1);
         let block = rows
             .div_ceil(2 * threads)
-            .next_multiple_of(pass)
-            .min(MAX_BLOCK_ROWS);
+            .min(MAX_BLOCK_ROWS)
+            .next_multiple_of(pass);
         let panels_at_once = (CACHED_PANEL_BYTES / (k * PANEL * size_of::<f32>())).max(1);
-        let segments = self.segments();
         let mut outputs: Vec<Vec<f32>> = self.widths.iter().map(|&n| vec![0.0; rows * n]).collect();
         // Each task's rows of every output.
         let mut blocks: Vec<Vec<&mut [f32]>> =
@@ -226,6 +228,7 @@ impl PackedWeights {
                 let passes = Pass::all(x, k, pass);
                 let mut sums = Vec::new();
                 for (group, panels) in self.panels.chunks(panels_at_once * k * PANEL).enumerate() {
+                    let segments = &self.segments[group * panels_at_once..];
                     for pass in &passes {
                         sums.resize(panels.len() / k * pass.rows, 0.0);
                         simd::rows_times_panels_f32(
@@ -234,11 +237,7 @@ impl PackedWeights {
                             panels,
                             &mut sums,
                         );
-                        let first_panel = group * panels_at_once;
-                        for (sums, segments) in sums
-                            .chunks_exact(pass.rows * PANEL)
-                            .zip(&segments[first_panel..])
-                        {
+                        for (sums, segments) in sums.chunks_exact(pass.rows * PANEL).zip(segments) {
                             self.write_rows(sums, pass.first, segments, biases, &mut outputs);
                         }
                     }
@@ -274,31 +273,32 @@ impl PackedWeights {
             }
         }
     }
+}
 
-    /// Per panel, the runs of its lanes that belong to one weight.
-    fn segments(&self) -> Vec<Vec<Segment>> {
-        let panels = self.panels.len() / (self.k * PANEL);
-        let mut segments = vec![Vec::new(); panels];
-        let mut first_column = 0;
-        for (weight, &n) in self.widths.iter().enumerate() {
-            let mut column = 0;
-            while column < n {
-                let (panel, lane) = (
-                    (first_column + column) / PANEL,
-                    (first_column + column) % PANEL,
-                );
-                let len = (PANEL - lane).min(n - column);
-                segments[panel].push(Segment {
-                    weight,
-                    columns: column..column + len,
-                    lanes: lane..lane + len,
-                });
-                column += len;
-            }
-            first_column += n;
+/// Per panel of weights `widths` columns wide packed side by side, the runs of its lanes that
+/// are columns of one weight.
+fn segments(widths: &[usize]) -> Vec<Vec<Segment>> {
+    let panels = widths.iter().sum::<usize>().div_ceil(PANEL);
+    let mut segments = vec![Vec::new(); panels];
+    let mut first_column = 0;
+    for (weight, &n) in widths.iter().enumerate() {
+        let mut column = 0;
+        while column < n {
+            let (panel, lane) = (
+                (first_column + column) / PANEL,
+                (first_column + column) % PANEL,
+            );
+            let len = (PANEL - lane).min(n - column);
+            segments[panel].push(Segment {
+                weight,
+                columns: column..column + len,
+                lanes: lane..lane + len,
+            });
+            column += len;
         }
-        segments
+        first_column += n;
     }
+    segments
 }
 
 /// The most rows one task of [`PackedWeights::product_of_many_rows`] takes: its inputs, by
