@@ -38,6 +38,9 @@ struct Args {
     /// Timed calls per shape, path and round (after one warm-up).
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..))]
     repeats: u32,
+    /// Time the bare forward passes only (the products row of the CPU targets).
+    #[arg(long)]
+    forward_only: bool,
 }
 
 const DEFAULT_SHAPES: [[usize; 4]; 5] = [
@@ -72,17 +75,22 @@ struct Record {
     shape: String,
     burn_forward_ms: f64,
     products_forward_ms: f64,
-    /// Forward and backward under `Autodiff`, every gradient read back.
-    burn_step_ms: f64,
-    products_step_ms: f64,
+    /// Forward and backward under `Autodiff`, every gradient read back (absent with
+    /// `--forward-only`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    burn_step_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    products_step_ms: Option<f64>,
     /// `products_step_ms / burn_step_ms`
-    step_ratio: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step_ratio: Option<f64>,
 }
 
 struct Measure {
     shapes: Vec<[usize; 4]>,
     rounds: u32,
     repeats: u32,
+    forward_only: bool,
 }
 
 impl OnBackend for Measure {
@@ -113,14 +121,22 @@ impl OnBackend for Measure {
                     products_forward_ms: time(&|| {
                         drop(projection::linear(&bare, x.clone()).into_data())
                     }),
-                    burn_step_ms: time(&|| burns_step(layer, x, dy)),
-                    products_step_ms: time(&|| products_step(layer, x, dy)),
-                    step_ratio: 0.0,
+                    burn_step_ms: None,
+                    products_step_ms: None,
+                    step_ratio: None,
                 };
-                let step_ratio = record.products_step_ms / record.burn_step_ms;
-                let record = Record {
-                    step_ratio,
-                    ..record
+                let record = match self.forward_only {
+                    true => record,
+                    false => {
+                        let burn = time(&|| burns_step(layer, x, dy));
+                        let products = time(&|| products_step(layer, x, dy));
+                        Record {
+                            burn_step_ms: Some(burn),
+                            products_step_ms: Some(products),
+                            step_ratio: Some(products / burn),
+                            ..record
+                        }
+                    }
                 };
                 println!("{}", serde_json::to_string(&record).expect("serializes"));
             }
@@ -185,6 +201,7 @@ fn main() -> ExitCode {
         shapes,
         rounds: args.rounds,
         repeats: args.repeats,
+        forward_only: args.forward_only,
     };
     run_on(args.threads, args.backend, measure)
 }
