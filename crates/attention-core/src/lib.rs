@@ -55,6 +55,10 @@ pub use attend::{AttentionPath, masked_softmax};
 pub use cache::KvCache;
 pub use error::AttentionError;
 pub use kernels::Kernel;
+/// The GPU kernels' CUDA source without a CUDA device, for `benches/kernel-report`.
+#[cfg(feature = "kernel-report")]
+#[doc(hidden)]
+pub use kernels::kernel_report;
 pub use mha::{
     AttentionInput, AttentionTrace, EXPLICIT_SCORES_LIMIT, MultiHeadAttention,
     MultiHeadAttentionConfig,

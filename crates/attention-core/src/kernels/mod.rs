@@ -69,6 +69,8 @@ mod backends;
 pub(crate) mod cpu;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu;
+#[cfg(feature = "kernel-report")]
+pub use gpu::report as kernel_report;
 mod inputs;
 mod storage;
 

@@ -1,22 +1,18 @@
-//! [`FlashBackend`] on a plain `CubeBackend`: the kernels launched on its tensors.
+//! [`FlashBackend`] on a plain `CubeBackend`: the SIMT kernels launched on its tensors.
 
-use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Shape};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
-use super::kernel::{self, GeometryLaunch};
+use super::simt::{self, GeometryLaunch, SplitsLaunch, Tiling};
+use super::tiling::{self, Pass, Sizes};
 use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors};
 
-/// Rows per cube: the queries (or keys) a cube computes, one a unit.
-const BLOCK: u32 = 32;
-/// The most rows of a shared-memory tile.
-const MAX_TILE: usize = 32;
-/// The narrowest head the kernels are compiled for (see [`head_capacity`]).
-const MIN_HEAD_CAPACITY: usize = 64;
+/// Units per cube of the combine of split keys.
+pub(super) const COMBINE_UNITS: u32 = 256;
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBackend
     for CubeBackend<R, F, I, BT>
@@ -30,25 +26,34 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
         let query = &tensors.query;
         let (client, device, dtype) = (query.client.clone(), query.device.clone(), query.dtype);
         let splits = call.key_splits;
+        let vector = vector_size(&client, &call, dtype);
+        let tiling = tiling_of(&client, Pass::Forward, &call, dtype, vector);
+        // Split partials are kept in f32 until they are combined.
+        let partial_dtype = if splits == 1 { dtype } else { DType::F32 };
         let output = empty_device_dtype::<R>(
             client.clone(),
             device.clone(),
             Shape::new([splits, call.batch, call.queries, call.heads * call.head_dim]),
-            dtype,
+            partial_dtype,
         );
         let lse = empty_device_dtype::<R>(
             client.clone(),
-            device,
+            device.clone(),
             Shape::new([splits, call.batch, call.queries, call.heads]),
             DType::F32,
         );
         let has_sinks = sinks.is_some();
         let sinks = sinks.map_or_else(|| query.clone(), into_contiguous);
-        let [query_blocks, heads, batch] = cubes(call.queries, call.heads, call.batch);
-        kernel::flash_forward::launch::<R>(
+        let blocks = pair_blocks(&call, &tiling);
+        simt::flash_forward::launch::<R>(
             &client,
-            CubeCount::Static(query_blocks * splits as u32, heads, batch),
-            CubeDim::new_1d(BLOCK),
+            CubeCount::Static(
+                blocks * splits as u32,
+                call.kv_heads as u32,
+                call.batch as u32,
+            ),
+            CubeDim::new_1d(tiling.units()),
+            vector,
             query.clone().into_tensor_arg(),
             tensors.key.clone().into_tensor_arg(),
             tensors.value.clone().into_tensor_arg(),
@@ -57,14 +62,43 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
             output.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
             geometry(&call, tensors.has_padding, has_sinks),
-            head_capacity(call.head_dim),
-            tile_rows(&client, call.head_dim, dtype),
+            tiling,
+            [dtype.into(), partial_dtype.into()],
+        );
+        let unsplit = |tensor: CubeTensor<R>| {
+            let dims = tensor.meta.shape().clone();
+            reshaped(tensor, Shape::new([dims[1], dims[2], dims[3]]))
+        };
+        if splits == 1 {
+            return [unsplit(output), unsplit(lse)];
+        }
+        let combined = empty_device_dtype::<R>(
+            client.clone(),
+            device.clone(),
+            Shape::new([call.batch, call.queries, call.heads * call.head_dim]),
+            dtype,
+        );
+        let combined_lse = empty_device_dtype::<R>(
+            client.clone(),
+            device,
+            Shape::new([call.batch, call.queries, call.heads]),
+            DType::F32,
+        );
+        let rows = (call.batch * call.queries * call.heads) as u32;
+        let head_vectors = (call.head_dim / vector) as u32;
+        simt::flash_combine::launch::<R>(
+            &client,
+            CubeCount::Static((rows * head_vectors).div_ceil(COMBINE_UNITS), 1, 1),
+            CubeDim::new_1d(COMBINE_UNITS),
+            vector,
+            output.into_tensor_arg(),
+            lse.into_tensor_arg(),
+            combined.clone().into_tensor_arg(),
+            combined_lse.clone().into_tensor_arg(),
+            SplitsLaunch::new(rows, head_vectors, splits as u32),
             dtype.into(),
         );
-        if splits == 1 {
-            return [output, lse].map(drop_first_axis::<Self>);
-        }
-        combined::<Self>(output, lse, &call)
+        [combined, combined_lse]
     }
 
     fn flash_backward(
@@ -82,11 +116,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
         let query_grad = empty(query.meta.shape().clone());
         let key_grad = empty(tensors.key.meta.shape().clone());
         let value_grad = empty(tensors.value.meta.shape().clone());
-        let tile = tile_rows(&client, call.head_dim, dtype);
-        kernel::flash_query_grad::launch::<R>(
+        let vector = vector_size(&client, &call, dtype);
+        let query_tiling = tiling_of(&client, Pass::QueryGrad, &call, dtype, vector);
+        simt::flash_query_grad::launch::<R>(
             &client,
-            count(cubes(call.queries, call.heads, call.batch)),
-            CubeDim::new_1d(BLOCK),
+            CubeCount::Static(
+                pair_blocks(&call, &query_tiling),
+                call.kv_heads as u32,
+                call.batch as u32,
+            ),
+            CubeDim::new_1d(query_tiling.units()),
+            vector,
             query.clone().into_tensor_arg(),
             tensors.key.clone().into_tensor_arg(),
             tensors.value.clone().into_tensor_arg(),
@@ -96,14 +136,19 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
             delta.clone().into_tensor_arg(),
             query_grad.clone().into_tensor_arg(),
             geometry(&call, tensors.has_padding, false),
-            head_capacity(call.head_dim),
-            tile,
+            query_tiling,
             dtype.into(),
         );
-        kernel::flash_key_value_grad::launch::<R>(
+        let key_tiling = tiling_of(&client, Pass::KeyValueGrad, &call, dtype, vector);
+        simt::flash_key_value_grad::launch::<R>(
             &client,
-            count(cubes(call.keys, call.kv_heads, call.batch)),
-            CubeDim::new_1d(BLOCK),
+            CubeCount::Static(
+                (call.keys as u32).div_ceil(key_tiling.block),
+                call.kv_heads as u32,
+                call.batch as u32,
+            ),
+            CubeDim::new_1d(key_tiling.units()),
+            vector,
             query.clone().into_tensor_arg(),
             tensors.key.clone().into_tensor_arg(),
             tensors.value.clone().into_tensor_arg(),
@@ -114,8 +159,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
             key_grad.clone().into_tensor_arg(),
             value_grad.clone().into_tensor_arg(),
             geometry(&call, tensors.has_padding, false),
-            head_capacity(call.head_dim),
-            tile,
+            key_tiling,
             dtype.into(),
         );
         [query_grad, key_grad, value_grad]
@@ -154,47 +198,49 @@ impl<R: CubeRuntime> Contiguous<R> {
     }
 }
 
-/// One cube per block of `rows`, per head, per sequence.
-fn cubes(rows: usize, heads: usize, batch: usize) -> [u32; 3] {
-    [(rows as u32).div_ceil(BLOCK), heads as u32, batch as u32]
+/// The vector width of the call's loads on `client`'s device.
+fn vector_size<R: Runtime>(client: &ComputeClient<R>, call: &FlashCall, dtype: DType) -> usize {
+    let widest = client
+        .io_optimized_vector_sizes(dtype.size())
+        .next()
+        .unwrap_or(1);
+    tiling::vector_size(call.head_dim, widest)
 }
 
-fn count([x, y, z]: [u32; 3]) -> CubeCount {
-    CubeCount::Static(x, y, z)
-}
-
-/// `[1, a, b, c]` → `[a, b, c]`.
-fn drop_first_axis<B: Backend>(tensor: B::FloatTensorPrimitive) -> B::FloatTensorPrimitive {
-    let tensor = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(tensor));
-    let [_, a, b, c] = tensor.dims();
-    tensor.reshape([a, b, c]).into_primitive().tensor()
-}
-
-/// Flash-decoding's combine: the splits' outputs weighted by `exp(lse_s − lse)`, where `lse` is
-/// the log-sum-exp over all splits. A split that saw no key has `lse_s` = [`kernel::masked`]
-/// and weight 0; a row no split saw keeps output 0.
-///
-/// # Shapes
-/// - `output`: `[splits, batch, queries, heads · head_dim]` → `[batch, queries, heads · head_dim]`
-/// - `lse`: `[splits, batch, queries, heads]` → `[batch, queries, heads]`
-fn combined<B: Backend>(
-    output: B::FloatTensorPrimitive,
-    lse: B::FloatTensorPrimitive,
+/// The tiling of `pass` for `call` on `client`'s device.
+fn tiling_of<R: Runtime>(
+    client: &ComputeClient<R>,
+    pass: Pass,
     call: &FlashCall,
-) -> [B::FloatTensorPrimitive; 2] {
-    let (splits, batch, queries, heads) = (call.key_splits, call.batch, call.queries, call.heads);
-    let output = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(output));
-    let lse = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(lse));
-    let most = lse.clone().max_dim(0);
-    let weights = (lse - most.clone()).exp();
-    let total = weights.clone().sum_dim(0);
-    let weights = (weights / total.clone()).cast(output.dtype());
-    let output = (output.reshape([splits, batch, queries, heads, call.head_dim])
-        * weights.unsqueeze_dim::<5>(4))
-    .sum_dim(0)
-    .reshape([batch, queries, heads * call.head_dim]);
-    let lse = (most + total.log()).reshape([batch, queries, heads]);
-    [output, lse].map(|tensor| tensor.into_primitive().tensor())
+    dtype: DType,
+    vector: usize,
+) -> Tiling {
+    let hardware = &client.properties().hardware;
+    let group = call.heads / call.kv_heads;
+    let rows = match pass {
+        Pass::Forward | Pass::QueryGrad => call.queries * group,
+        Pass::KeyValueGrad => call.keys,
+    };
+    let sizes = Sizes {
+        head_dim: call.head_dim,
+        element: dtype.size(),
+        rows,
+        vector,
+        shared_memory: hardware.max_shared_memory_size,
+        max_units: hardware.max_units_per_cube,
+    };
+    tiling::tiling(pass, sizes, call.tiles)
+}
+
+/// Blocks of (query, query head) pairs per key/value head.
+fn pair_blocks(call: &FlashCall, tiling: &Tiling) -> u32 {
+    let pairs = call.queries * (call.heads / call.kv_heads);
+    (pairs as u32).div_ceil(tiling.block)
+}
+
+/// `tensor`, contiguous, as `shape` (the same elements).
+fn reshaped<R: CubeRuntime>(tensor: CubeTensor<R>, shape: Shape) -> CubeTensor<R> {
+    burn_cubecl::ops::reshape(tensor, shape)
 }
 
 fn geometry<R: Runtime>(call: &FlashCall, padded: bool, with_sinks: bool) -> GeometryLaunch<R> {
@@ -214,21 +260,4 @@ fn geometry<R: Runtime>(call: &FlashCall, padded: bool, with_sinks: bool) -> Geo
         call.key_splits as u32,
         call.keys.div_ceil(call.key_splits) as u32,
     )
-}
-
-/// The head width the kernels are compiled for: `head_dim` rounded up to a power of two, at
-/// least [`MIN_HEAD_CAPACITY`]. The width itself is a runtime value, so that every head width up
-/// to a capacity runs one compiled kernel (a software adapter takes seconds to compile one).
-fn head_capacity(head_dim: usize) -> u32 {
-    head_dim.next_power_of_two().max(MIN_HEAD_CAPACITY) as u32
-}
-
-/// Rows per shared-memory tile: two tiles of `dtype` rows as wide as the head capacity, and two
-/// `f32` rows per tile row, within the device's shared memory; a power of two, at most
-/// [`MAX_TILE`].
-fn tile_rows<R: Runtime>(client: &ComputeClient<R>, head_dim: usize, dtype: DType) -> u32 {
-    let shared = client.properties().hardware.max_shared_memory_size;
-    let per_row = 2 * head_capacity(head_dim) as usize * dtype.size() + 2 * 4;
-    let fit = (shared / per_row).clamp(1, MAX_TILE);
-    1 << fit.ilog2()
 }

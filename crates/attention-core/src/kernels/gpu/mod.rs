@@ -1,8 +1,11 @@
 //! Causal attention on a GPU kernel of this crate's own: CubeCL's flash attention, forward and
-//! backward, on any backend of Burn's `CubeBackend` (wgpu in this workspace), plain or under
-//! Burn's fusion. The fused path takes it on wgpu (see [`crate::kernels`]).
+//! backward, on any backend of Burn's `CubeBackend` (wgpu and CUDA), plain or under Burn's
+//! fusion. The fused path takes it on those backends (see [`crate::kernels`]).
 //!
-//! - `kernel.rs`: the `#[cube]` kernels (forward, query gradient, key/value gradient)
+//! - `simt/`: the `#[cube]` kernels on plain FMA units (forward, split-key combine, query
+//!   gradient, key/value gradient); a tier on tensor cores would sit beside it, chosen in
+//!   `cube.rs` where the device has them
+//! - `tiling.rs`: which compiled variant (head width, vector, block and tile) a call runs
 //! - `cube.rs`: [`FlashBackend`] on a plain `CubeBackend`: launches on its tensors
 //! - `fusion.rs`: [`FlashBackend`] on `Fusion<B>`: each call one custom operation of the fusion
 //!   stream, run by `B`'s launches when the stream reaches it
@@ -10,8 +13,13 @@
 
 mod cube;
 mod fusion;
-mod kernel;
 mod op;
+#[cfg(feature = "kernel-report")]
+pub mod report;
+mod simt;
+#[cfg(all(test, feature = "wgpu"))]
+mod tests;
+mod tiling;
 
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
@@ -37,6 +45,8 @@ pub(crate) struct FlashCall {
     pub softcap: Option<f32>,
     /// Into how many parts the forward pass splits the keys (flash-decoding; 1: none).
     pub key_splits: usize,
+    /// How the kernels' blocks and tiles are chosen.
+    pub tiles: tiling::TileRule,
 }
 
 /// The tensors every kernel reads.

@@ -100,6 +100,7 @@ fn prepared<B: Backend>(
         scale: inputs.scores.scale_for(head_dim) as f32,
         softcap: inputs.scores.softcap.map(|cap| cap as f32),
         key_splits: 1,
+        tiles: super::tiling::TileRule::Auto,
     };
     let tensors = FlashTensors {
         query: float(inputs.query),
