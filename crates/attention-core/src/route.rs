@@ -76,6 +76,9 @@ pub(crate) fn route<B: Backend>(
     sinks: bool,
 ) -> Route {
     let backend_kernel = Kernel::of::<B>();
+    if backend_kernel.is_none() {
+        crate::kernels::warn_if_gpu_without_kernel::<B>();
+    }
     let kernel = match call {
         Call::Full => backend_kernel,
         Call::Cached => backend_kernel.filter(|_| Kernel::keeps_cache::<B>()),

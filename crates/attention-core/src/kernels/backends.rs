@@ -197,8 +197,77 @@ pub(crate) fn host_products<B: Backend, const D: usize, const N: usize>(
     None
 }
 
+/// Says once per process, on stderr, that the layer runs on a GPU backend (wgpu or CUDA, bare or
+/// under `Autodiff`) whose kernel attention-core was built without: the attention core then
+/// takes Burn's op or the `O(T²)` explicit path, silently otherwise. Called by the route where
+/// `B` has no kernel.
+pub(crate) fn warn_if_gpu_without_kernel<B: Backend>() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // Process-wide on purpose: a warning the process prints once, not a value any call reads.
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let built = Built {
+        wgpu: cfg!(feature = "wgpu"),
+        cuda: cfg!(feature = "cuda"),
+    };
+    if let Some(feature) = missing_gpu_feature(std::any::type_name::<B>(), built)
+        && !WARNED.swap(true, Ordering::Relaxed)
+    {
+        eprintln!(
+            "warning: attention-core runs on {} without its GPU kernel: enable attention-core's \
+             `{feature}` feature (the layer falls back to Burn's attention op, or under Autodiff to \
+             the explicit path, whose memory grows with the square of the sequence)",
+            std::any::type_name::<B>()
+        );
+    }
+}
+
+/// Which GPU kernels attention-core was built with (its cargo features).
+#[derive(Debug, Clone, Copy)]
+struct Built {
+    wgpu: bool,
+    cuda: bool,
+}
+
+/// The attention-core feature that has a GPU kernel for the backend named `type_name`, where
+/// that backend is a GPU runtime of Burn's and the feature is not `built`.
+fn missing_gpu_feature(type_name: &str, built: Built) -> Option<&'static str> {
+    if type_name.contains("WgpuRuntime") && !built.wgpu {
+        return Some("wgpu");
+    }
+    if type_name.contains("CudaRuntime") && !built.cuda {
+        return Some("cuda");
+    }
+    None
+}
+
 /// The `cached` entry of a backend that keeps no cache of a kernel's (`Autodiff`: the route
 /// never asks it).
 fn uncached<B: Backend>(_: CachedInputs<'_, B>) -> Tensor<B, 3> {
     unreachable!("under Autodiff the cache stays in tensors")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Built, missing_gpu_feature};
+
+    #[test]
+    fn a_gpu_runtime_without_its_feature_is_named() {
+        let wgpu = "burn_autodiff::Autodiff<burn_fusion::Fusion<burn_cubecl::CubeBackend<\
+                    cubecl_wgpu::runtime::WgpuRuntime, f32, i32, u32>>>";
+        let cuda = "burn_fusion::Fusion<burn_cubecl::CubeBackend<\
+                    cubecl_cuda::runtime::CudaRuntime, f32, i32, u8>>";
+        let none = Built {
+            wgpu: false,
+            cuda: false,
+        };
+        let both = Built {
+            wgpu: true,
+            cuda: true,
+        };
+        assert_eq!(missing_gpu_feature(wgpu, none), Some("wgpu"));
+        assert_eq!(missing_gpu_feature(cuda, none), Some("cuda"));
+        assert_eq!(missing_gpu_feature(wgpu, both), None);
+        assert_eq!(missing_gpu_feature(cuda, both), None);
+        assert_eq!(missing_gpu_feature("burn_flex::Flex", none), None);
+    }
 }

@@ -75,7 +75,7 @@ mod inputs;
 mod storage;
 
 pub use backends::Kernel;
-pub(crate) use backends::host_products;
+pub(crate) use backends::{host_products, warn_if_gpu_without_kernel};
 pub(crate) use inputs::KernelInputs;
 pub(crate) use storage::{KvStorage, NewKv};
 
