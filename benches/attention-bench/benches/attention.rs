@@ -33,8 +33,8 @@ fn backend<B: Backend>(c: &mut Criterion, name: &str, device: &B::Device) {
                 // prepared only when criterion runs it, so a filtered run prepares only its cases.
                 if supports(implementation, mode, shape).is_ok() {
                     group.bench_function(shape.to_string(), |b| {
-                        let mut case =
-                            prepare::<B>(implementation, mode, shape, device).expect("supported");
+                        let mut case = prepare::<B>(implementation, mode, shape, 1, device)
+                            .expect("supported");
                         b.iter(|| case.iteration())
                     });
                 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use attention_core::{
     AttentionInput, AttentionPath, KvCache, MultiHeadAttention, MultiHeadAttentionConfig,
+    causal_attention,
 };
 use burn::backend::Autodiff;
 use burn::nn::attention::{
@@ -19,6 +20,8 @@ use burn::nn::attention::{
 };
 use burn::prelude::*;
 use burn::tensor::Distribution;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
 
 /// `BxTxDxH`: batch, sequence, width, heads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,13 +146,15 @@ impl Mode {
     }
 
     /// Nominal FLOPs, as `shared/peers/torch_mha.py` counts them (causal masking not
-    /// subtracted; backward = 2 × forward); `decode` counts one token against `seq` keys.
-    pub fn flops(self, s: Shape) -> f64 {
+    /// subtracted; backward = 2 × forward); `decode` counts one token against `seq` keys. The
+    /// attention core alone (`core`) leaves out the four projections.
+    pub fn flops(self, s: Shape, core: bool) -> f64 {
         let (b, t, d) = (s.batch as f64, s.seq as f64, s.dim as f64);
+        let projections = if core { 0.0 } else { 8.0 * b * d * d };
         match self {
-            Self::Fwd => 8.0 * b * t * d * d + 4.0 * b * t * t * d,
-            Self::Fwdbwd => 3.0 * (8.0 * b * t * d * d + 4.0 * b * t * t * d),
-            Self::Decode => 8.0 * b * d * d + 4.0 * b * t * d,
+            Self::Fwd => projections * t + 4.0 * b * t * t * d,
+            Self::Fwdbwd => 3.0 * (projections * t + 4.0 * b * t * t * d),
+            Self::Decode => projections + 4.0 * b * t * d,
         }
     }
 }
@@ -157,6 +162,8 @@ impl Mode {
 /// One prepared benchmark: call [`Case::iteration`] to run (and sync) once.
 pub struct Case {
     run: Box<dyn FnMut()>,
+    /// Calls per iteration, all queued before the one sync that ends it.
+    calls: usize,
 }
 
 impl Case {
@@ -165,7 +172,8 @@ impl Case {
         (self.run)()
     }
 
-    /// Runs `warmup` iterations, then times `repeats`.
+    /// Runs `warmup` iterations, then times `repeats`; each time is per call (an iteration's
+    /// time divided by its calls).
     pub fn time(&mut self, warmup: usize, repeats: usize) -> Vec<Duration> {
         for _ in 0..warmup {
             self.iteration();
@@ -174,7 +182,7 @@ impl Case {
             .map(|_| {
                 let start = Instant::now();
                 self.iteration();
-                start.elapsed()
+                start.elapsed() / self.calls as u32
             })
             .collect()
     }
@@ -310,11 +318,12 @@ pub fn supports(implementation: Impl, mode: Mode, shape: Shape) -> Result<(), Un
     Ok(())
 }
 
-/// Prepares `implementation` in `mode` at `shape` on backend `B`.
+/// Prepares `implementation` in `mode` at `shape` on backend `B`, `calls` calls per sync.
 pub fn prepare<B: Backend>(
     implementation: Impl,
     mode: Mode,
     shape: Shape,
+    calls: usize,
     device: &B::Device,
 ) -> Result<Case, Unsupported> {
     supports(implementation, mode, shape)?;
@@ -325,10 +334,12 @@ pub fn prepare<B: Backend>(
             let x = input::<B>(shape, shape.seq, &device);
             Ok(Case {
                 run: Box::new(move || {
-                    let y = forward(x.clone());
-                    drop(y);
+                    for _ in 0..calls {
+                        drop(forward(x.clone()));
+                    }
                     sync::<B>(&device);
                 }),
+                calls,
             })
         }
         Mode::Fwdbwd => {
@@ -336,10 +347,12 @@ pub fn prepare<B: Backend>(
             let x = input::<Autodiff<B>>(shape, shape.seq, &device).require_grad();
             Ok(Case {
                 run: Box::new(move || {
-                    let grads = forward(x.clone()).sum().backward();
-                    drop(grads);
+                    for _ in 0..calls {
+                        drop(forward(x.clone()).sum().backward());
+                    }
                     sync::<B>(&device);
                 }),
+                calls,
             })
         }
         Mode::Decode => {
@@ -352,17 +365,134 @@ pub fn prepare<B: Backend>(
             let path = implementation.path();
             Ok(Case {
                 run: Box::new(move || {
-                    let y = layer
-                        .forward_cached_with(
-                            AttentionInput::new(token.clone()).path(path),
-                            &mut cache,
-                        )
-                        .expect("room for one");
-                    drop(y);
+                    for _ in 0..calls {
+                        let y = layer
+                            .forward_cached_with(
+                                AttentionInput::new(token.clone()).path(path),
+                                &mut cache,
+                            )
+                            .expect("room for one");
+                        drop(y);
+                        cache.truncate(shape.seq - 1).expect("no window");
+                    }
                     sync::<B>(&device);
-                    cache.truncate(shape.seq - 1).expect("no window");
                 }),
+                calls,
             })
         }
     }
+}
+
+/// The attention core alone (the queries, keys and values in the layer's layout → the context),
+/// for `implementation` in `mode` at `shape` on backend `B`, `calls` calls per sync: ours
+/// ([`Impl::Fused`], [`causal_attention`]) or Burn's attention op ([`Impl::BurnOp`], on the heads
+/// split apart, the split, the key/value heads' repetition and a window's mask made before the
+/// timed calls). A decoding step is one query over `seq` keys.
+pub fn prepare_core<B: Backend>(
+    implementation: Impl,
+    mode: Mode,
+    shape: Shape,
+    calls: usize,
+    device: &B::Device,
+) -> Result<Case, Unsupported> {
+    supports(implementation, mode, shape)?;
+    if !matches!(implementation, Impl::Fused | Impl::BurnOp) {
+        return Err(Unsupported(format!(
+            "--core times `fused` (ours) or `burn-op`, not `{}`",
+            implementation.name()
+        )));
+    }
+    let device = device.clone();
+    match mode {
+        Mode::Fwd | Mode::Decode => {
+            let core = core_fn::<B>(implementation, mode, shape, &device);
+            Ok(Case {
+                run: Box::new(move || {
+                    for _ in 0..calls {
+                        drop(core());
+                    }
+                    sync::<B>(&device);
+                }),
+                calls,
+            })
+        }
+        Mode::Fwdbwd => {
+            let core = core_fn::<Autodiff<B>>(implementation, mode, shape, &device);
+            Ok(Case {
+                run: Box::new(move || {
+                    for _ in 0..calls {
+                        drop(core().sum().backward());
+                    }
+                    sync::<B>(&device);
+                }),
+                calls,
+            })
+        }
+    }
+}
+
+/// One call of the attention core on inputs made once, tracked for gradients under `Autodiff`.
+fn core_fn<B: Backend>(
+    implementation: Impl,
+    mode: Mode,
+    shape: Shape,
+    device: &B::Device,
+) -> Box<dyn Fn() -> Tensor<B, 3>> {
+    let head_dim = shape.dim / shape.heads;
+    let queries = if mode == Mode::Decode { 1 } else { shape.seq };
+    let random = |seq: usize, heads: usize| {
+        Tensor::<B, 3>::random(
+            [shape.batch, seq, heads * head_dim],
+            Distribution::Normal(0.0, 1.0),
+            device,
+        )
+        .require_grad()
+    };
+    let (q, k, v) = (
+        random(queries, shape.heads),
+        random(shape.seq, shape.kv_heads),
+        random(shape.seq, shape.kv_heads),
+    );
+    let (heads, window) = (shape.heads, shape.window);
+    if implementation == Impl::Fused {
+        return Box::new(move || {
+            causal_attention(q.clone(), k.clone(), v.clone(), heads, window).expect("shapes fit")
+        });
+    }
+    let group = shape.heads / shape.kv_heads;
+    let split = move |tensor: Tensor<B, 3>, heads: usize| {
+        let [batch, seq, _] = tensor.dims();
+        tensor
+            .reshape([batch, seq, heads, head_dim])
+            .swap_dims(1, 2)
+    };
+    let repeated = move |tensor: Tensor<B, 3>| {
+        let [batch, keys, _] = tensor.dims();
+        split(tensor, shape.kv_heads)
+            .reshape([batch, shape.kv_heads, 1, keys, head_dim])
+            .expand([batch, shape.kv_heads, group, keys, head_dim])
+            .reshape([batch, heads, keys, head_dim])
+    };
+    let (q, k, v) = (split(q, heads), repeated(k), repeated(v));
+    let mask = window.map(|window| {
+        let past = shape.seq - queries;
+        attention_core::mask::attention_mask(
+            [shape.batch, heads, queries, past],
+            None,
+            Some(window),
+            device,
+        )
+    });
+    let options = AttentionModuleOptions {
+        scale: None,
+        softcap: None,
+        is_causal: mode != Mode::Decode && mask.is_none(),
+    };
+    Box::new(move || {
+        let context = attention(q.clone(), k.clone(), v.clone(), mask.clone(), None, options);
+        let [batch, _, seq, _] = context.dims();
+        context
+            .swap_dims(1, 2)
+            .reshape([batch, seq, heads * head_dim])
+    })
 }

@@ -9,9 +9,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use attention_backends::{BackendName, OnBackend};
-use attention_bench::process::{median, run_on};
-use attention_bench::{Impl, Mode, Shape, Unsupported, prepare};
+use attention_backends::{BackendName, FloatType, OnBackend};
+use attention_bench::process::{median, run_on_in};
+use attention_bench::{Impl, Mode, Shape, Unsupported, prepare, prepare_core};
 use burn::prelude::*;
 use clap::Parser;
 
@@ -42,6 +42,17 @@ struct Args {
     /// one per core.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     threads: Option<u16>,
+    /// Time the attention core alone (queries, keys and values in the layer's layout → the
+    /// context), not the layer.
+    #[arg(long)]
+    core: bool,
+    /// The float type the backend computes in.
+    #[arg(long, value_enum, default_value_t = FloatType::F32)]
+    dtype: FloatType,
+    /// Calls queued per device sync; a time is per call. A GPU runtime's sync costs more than a
+    /// small call: time those with 20 or more.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    calls_per_sync: u32,
 }
 
 /// One JSON line per shape.
@@ -51,6 +62,12 @@ struct Record<'a> {
     #[serde(rename = "impl")]
     implementation: &'static str,
     mode: &'static str,
+    /// The attention core alone (`--core`), or the layer.
+    core: bool,
+    dtype: &'static str,
+    /// The shader compiler of the backend's kernels; `null` on the CPU backends.
+    compiler: Option<&'static str>,
+    calls_per_sync: u32,
     shape: String,
     num_kv_heads: usize,
     sliding_window: Option<usize>,
@@ -66,7 +83,7 @@ struct Record<'a> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    run_on(args.threads, args.backend, Runner(&args))
+    run_on_in(args.threads, args.backend, args.dtype, Runner(&args))
 }
 
 /// The runner on the backend `--backend` names.
@@ -98,18 +115,26 @@ fn run<B: Backend>(backend: &str, device: &B::Device, args: &Args) -> Result<(),
         }
         shape.window = args.sliding_window.map(|window| window as usize);
         reset_peak_rss();
-        let mut case = prepare::<B>(args.implementation, args.mode, shape, device)?;
+        let calls = args.calls_per_sync as usize;
+        let mut case = match args.core {
+            true => prepare_core::<B>(args.implementation, args.mode, shape, calls, device)?,
+            false => prepare::<B>(args.implementation, args.mode, shape, calls, device)?,
+        };
         let mut times: Vec<f64> = case
             .time(args.warmup, args.repeats)
             .iter()
             .map(Duration::as_secs_f64)
             .collect();
         let median = median(&mut times);
-        let gflops = args.mode.flops(shape) / median / 1e9;
+        let gflops = args.mode.flops(shape, args.core) / median / 1e9;
         let record = Record {
             backend,
             implementation: args.implementation.name(),
             mode: args.mode.name(),
+            core: args.core,
+            dtype: args.dtype.name(),
+            compiler: args.backend.compiler(),
+            calls_per_sync: args.calls_per_sync,
             shape: shape.to_string(),
             num_kv_heads: shape.kv_heads,
             sliding_window: shape.window,

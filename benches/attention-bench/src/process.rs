@@ -6,10 +6,24 @@ use std::fmt::Display;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode};
 
-use attention_backends::{BackendName, OnBackend, dispatch};
+use attention_backends::{BackendName, FloatType, OnBackend, dispatch_in};
 
 /// Runs `code` on `backend`, every pool `threads` wide when given: a benchmark binary's `main`.
 pub fn run_on<C, E>(threads: Option<u16>, backend: BackendName, code: C) -> ExitCode
+where
+    C: OnBackend<Output = Result<(), E>>,
+    E: Display,
+{
+    run_on_in(threads, backend, FloatType::F32, code)
+}
+
+/// [`run_on`] computing in `float`.
+pub fn run_on_in<C, E>(
+    threads: Option<u16>,
+    backend: BackendName,
+    float: FloatType,
+    code: C,
+) -> ExitCode
 where
     C: OnBackend<Output = Result<(), E>>,
     E: Display,
@@ -20,10 +34,10 @@ where
         eprintln!("error: could not run again with {threads} threads: {error}");
         return ExitCode::from(2);
     }
-    let error = match dispatch(backend, code) {
+    let error = match dispatch_in(backend, float, code) {
         Ok(Ok(())) => return ExitCode::SUCCESS,
         Ok(Err(error)) => error.to_string(),
-        Err(no_adapter) => no_adapter.to_string(),
+        Err(cannot) => cannot.to_string(),
     };
     eprintln!("error: {error}");
     ExitCode::from(2)

@@ -201,3 +201,65 @@ fn grouped_heads_and_windows_are_benchmarked() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("does not divide 2 heads"));
 }
+
+/// `--core` times the attention core alone, ours and Burn's op, forward and backward, with
+/// grouped heads and a window; each line says it is the core, its float type and its compiler.
+/// A float type the backend does not compute in is one clear error.
+#[test]
+fn the_core_alone_and_its_float_type() {
+    for implementation in ["fused", "burn-op"] {
+        for mode in ["fwd", "fwdbwd", "decode"] {
+            let output = Command::new(BIN)
+                .args([
+                    "--backend",
+                    "flex",
+                    "--impl",
+                    implementation,
+                    "--mode",
+                    mode,
+                ])
+                .args(["--core", "--shape", "1x9x16x4", "--num-kv-heads", "2"])
+                .args([
+                    "--sliding-window",
+                    "4",
+                    "--repeats",
+                    "2",
+                    "--calls-per-sync",
+                    "3",
+                ])
+                .output()
+                .unwrap();
+            let what = format!("{implementation}/{mode}");
+            assert!(
+                output.status.success(),
+                "{what}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            let record: Value = serde_json::from_slice(&output.stdout).unwrap();
+            assert_eq!(record["core"], true, "{what}");
+            assert_eq!(record["dtype"], "f32", "{what}");
+            assert_eq!(record["compiler"], Value::Null, "{what}");
+            assert_eq!(record["calls_per_sync"], 3, "{what}");
+            assert!(record["median_ms"].as_f64().unwrap() > 0.0, "{what}");
+        }
+    }
+    let output = Command::new(BIN)
+        .args([
+            "--backend",
+            "flex",
+            "--impl",
+            "fused",
+            "--mode",
+            "fwd",
+            "--core",
+        ])
+        .args(["--shape", "1x9x16x4", "--dtype", "bf16"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--backend flex does not compute in bf16"),
+        "{stderr}"
+    );
+}

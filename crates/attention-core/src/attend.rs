@@ -7,6 +7,8 @@ use burn::tensor::Bool;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 
+use crate::error::AttentionError;
+use crate::kernels::{Kernel, KernelInputs};
 use crate::mask::attention_mask;
 
 /// How the attention core is computed. Both paths give the same result (to float rounding);
@@ -263,4 +265,111 @@ pub(crate) fn fused<B: Backend>(
         is_causal,
     };
     attention(q, k, v, mask, None, options)
+}
+
+/// Causal attention of `query` over `key` and `value` as projections make them, the heads side
+/// by side: `softmax(q kᵀ / √head_dim) v` per head, query `i` seeing the keys up to position
+/// `i + keys − queries`; query head `h` reads key/value head `h / (heads / kv_heads)` (grouped
+/// heads); with a `window`, query position `p` sees only keys `j` with `p − j < window`. The
+/// layer's attention core alone, for a model that makes its own projections.
+///
+/// On a backend with a kernel of this crate's own ([`Kernel::of`]) the kernel computes it, with
+/// its own backward under `Autodiff`; elsewhere Burn's fused attention op does, on the heads
+/// split apart.
+///
+/// # Shapes
+/// - `query`: `[batch, queries, heads · head_dim]`
+/// - `key`, `value`: `[batch, keys, kv_heads · head_dim]`, `keys ≥ queries`
+/// - output: `[batch, queries, heads · head_dim]`
+///
+/// # Errors
+/// [`AttentionError::CoreShapes`] when the shapes do not fit together, and
+/// [`AttentionError::ZeroSize`] for zero heads or a window of zero keys.
+///
+/// ```
+/// use attention_core::causal_attention;
+/// use burn::backend::NdArray;
+/// use burn::prelude::*;
+///
+/// let device = Default::default();
+/// let q = Tensor::<NdArray, 3>::ones([1, 5, 8], &device);
+/// let kv = Tensor::<NdArray, 3>::ones([1, 5, 4], &device);
+/// // 2 query heads of 4 features over 1 key/value head.
+/// let context = causal_attention(q, kv.clone(), kv, 2, None).unwrap();
+/// assert_eq!(context.dims(), [1, 5, 8]);
+/// ```
+pub fn causal_attention<B: Backend>(
+    query: Tensor<B, 3>,
+    key: Tensor<B, 3>,
+    value: Tensor<B, 3>,
+    heads: usize,
+    window: Option<usize>,
+) -> Result<Tensor<B, 3>, AttentionError> {
+    if heads == 0 {
+        return Err(AttentionError::ZeroSize { name: "heads" });
+    }
+    if window == Some(0) {
+        return Err(AttentionError::ZeroSize { name: "window" });
+    }
+    let [batch, queries, width] = query.dims();
+    let [key_batch, keys, kv_width] = key.dims();
+    let shapes_fit = width.is_multiple_of(heads)
+        && width > 0
+        && kv_width.is_multiple_of(width / heads)
+        && kv_width > 0
+        && heads.is_multiple_of(kv_width / (width / heads))
+        && key_batch == batch
+        && value.dims() == key.dims()
+        && keys >= queries
+        && queries > 0;
+    if !shapes_fit {
+        return Err(AttentionError::CoreShapes {
+            query: query.dims(),
+            key: key.dims(),
+            value: value.dims(),
+            heads,
+        });
+    }
+    let head_dim = width / heads;
+    let kv_heads = kv_width / head_dim;
+    let rule = ScoreRule {
+        scale: None,
+        softcap: None,
+        sinks: None,
+    };
+    if Kernel::of::<B>().is_some() {
+        return Ok(crate::kernels::attention(KernelInputs {
+            query,
+            key,
+            value,
+            heads,
+            kv_heads,
+            window,
+            key_padding: None,
+            scores: rule,
+        }));
+    }
+    let split = |tensor: Tensor<B, 3>, heads: usize| {
+        let [batch, seq, _] = tensor.dims();
+        tensor
+            .reshape([batch, seq, heads, head_dim])
+            .swap_dims(1, 2)
+    };
+    let repeated = |tensor: Tensor<B, 3>| {
+        let split = split(tensor, kv_heads);
+        let group = heads / kv_heads;
+        split
+            .reshape([batch, kv_heads, 1, keys, head_dim])
+            .expand([batch, kv_heads, group, keys, head_dim])
+            .reshape([batch, heads, keys, head_dim])
+    };
+    let context = fused(
+        split(query, heads),
+        repeated(key),
+        repeated(value),
+        None,
+        window,
+        &rule,
+    );
+    Ok(context.swap_dims(1, 2).reshape([batch, queries, width]))
 }

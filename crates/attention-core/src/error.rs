@@ -177,6 +177,23 @@ pub enum AttentionError {
         /// `context_length` of the layer.
         context: usize,
     },
+    /// The query, key and value of [`causal_attention`](crate::causal_attention) do not fit
+    /// together.
+    #[error(
+        "query {query:?}, key {key:?} and value {value:?} do not fit {heads} heads: expected \
+         [batch, queries, heads · head_dim] and two [batch, keys, kv_heads · head_dim] with \
+         keys ≥ queries and kv_heads dividing heads"
+    )]
+    CoreShapes {
+        /// The query's shape.
+        query: [usize; 3],
+        /// The key's shape.
+        key: [usize; 3],
+        /// The value's shape.
+        value: [usize; 3],
+        /// The heads asked for.
+        heads: usize,
+    },
     /// The backend's device failed while running the layer (a lost GPU, a driver error).
     #[error("the device failed while running the attention layer: {reason}")]
     Device {

@@ -26,7 +26,8 @@
 //!   projected width, `qk_norm.rs`) — is applied in its one projection step, before any attention
 //!   core, so that every path sees it.
 //! - [`AttentionPath`]: the explicit and the fused attention core (`attend.rs`); which code runs
-//!   for a path on a backend is decided in one place, `route.rs`.
+//!   for a path on a backend is decided in one place, `route.rs`. [`causal_attention`]: the core
+//!   alone, on projections a model made itself.
 //! - [`mask`]: causal and key-padding masks.
 //! - [`Kernel`]: the attention kernels of this crate's own and the backends they run on, all
 //!   named in one place (`kernels/mod.rs`); `kernels/cpu/` is the CPU kernel behind the fused
@@ -51,7 +52,7 @@ mod rope;
 mod route;
 pub mod weights;
 
-pub use attend::{AttentionPath, masked_softmax};
+pub use attend::{AttentionPath, causal_attention, masked_softmax};
 pub use cache::KvCache;
 pub use error::AttentionError;
 pub use kernels::Kernel;

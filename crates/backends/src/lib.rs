@@ -43,6 +43,16 @@ impl BackendName {
     /// Every backend, in the order tables list them.
     pub const ALL: [Self; 3] = [Self::Ndarray, Self::Flex, Self::Wgpu];
 
+    /// The shader compiler the backend's kernels go through, for results: `wgsl` for wgpu (this
+    /// workspace builds Burn without its `vulkan` feature, so cubecl compiles WGSL on every
+    /// adapter); `None` on the CPU backends.
+    pub fn compiler(self) -> Option<&'static str> {
+        match self {
+            Self::Ndarray | Self::Flex => None,
+            Self::Wgpu => Some("wgsl"),
+        }
+    }
+
     /// The name on the command line and in results.
     pub fn name(self) -> &'static str {
         match self {
@@ -52,6 +62,32 @@ impl BackendName {
         }
     }
 }
+
+/// The float type a backend computes in (its tensors' and its kernels').
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FloatType {
+    /// `f32`: every backend.
+    #[default]
+    F32,
+    /// `f16`: wgpu (on adapters with `SHADER_F16`).
+    F16,
+    /// `bf16`: none of this workspace's default backends (WGSL has no bf16).
+    Bf16,
+}
+
+impl FloatType {
+    /// The name on the command line and in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Bf16 => "bf16",
+        }
+    }
+}
+
+/// Burn's wgpu backend computing in `f16`.
+pub type WgpuF16 = burn::backend::Wgpu<burn::tensor::f16>;
 
 /// Code generic over the backend, for [`dispatch`]: Rust closures cannot be generic, so the
 /// code is a type with one generic method.
@@ -75,6 +111,47 @@ pub fn dispatch<C: OnBackend>(backend: BackendName, code: C) -> Result<C::Output
         BackendName::Flex => code.run::<Flex>(name, Default::default()),
         BackendName::Wgpu => code.run::<Wgpu>(name, wgpu_device()?),
     })
+}
+
+/// Why [`dispatch_in`] could not run the code.
+#[derive(Debug, Clone, Error)]
+pub enum DispatchError {
+    /// wgpu found no adapter.
+    #[error(transparent)]
+    NoAdapter(#[from] NoAdapter),
+    /// The backend does not compute in that float type.
+    #[error("--backend {backend} does not compute in {float} (it takes: {takes})")]
+    NoSuchType {
+        /// The backend's name.
+        backend: &'static str,
+        /// The float type asked for.
+        float: &'static str,
+        /// The float types it takes.
+        takes: &'static str,
+    },
+}
+
+/// [`dispatch`] computing in `float`: `code` runs on the backend type of that float type.
+pub fn dispatch_in<C: OnBackend>(
+    backend: BackendName,
+    float: FloatType,
+    code: C,
+) -> Result<C::Output, DispatchError> {
+    let name = backend.name();
+    match (backend, float) {
+        (_, FloatType::F32) => Ok(dispatch(backend, code)?),
+        (BackendName::Wgpu, FloatType::F16) => Ok(code.run::<WgpuF16>(name, wgpu_device()?)),
+        (BackendName::Wgpu, _) => Err(DispatchError::NoSuchType {
+            backend: name,
+            float: float.name(),
+            takes: "f32, f16",
+        }),
+        (BackendName::Ndarray | BackendName::Flex, _) => Err(DispatchError::NoSuchType {
+            backend: name,
+            float: float.name(),
+            takes: "f32",
+        }),
+    }
 }
 
 /// The environment variable under which a missing wgpu adapter is a failure, not a skip

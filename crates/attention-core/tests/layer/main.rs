@@ -11,10 +11,12 @@
 //! - `variants`: q/k norms (per head, over the width, `1 + w`) and partial rotary embeddings, on
 //!   every path, alone and combined.
 //! - `errors`: bad input is an error value naming what was wrong.
+//! - `core_alone`: the attention core alone (`causal_attention`) against its formula written out.
 //! - `gpu_kernel`: the GPU kernel on wgpu, forward, backward and cached, against the explicit
 //!   path.
 
 mod common;
+mod core_alone;
 mod errors;
 mod gpt2;
 #[cfg(feature = "wgpu")]
