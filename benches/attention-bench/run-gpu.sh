@@ -1,68 +1,109 @@
 #!/usr/bin/env bash
-# What BENCHMARKS.md's GPU and thread-scaling tables report, on a machine with a CUDA GPU,
-# a Vulkan driver and PyTorch:
-#  1. our wgpu fused path (the GPU kernel), our layer on Burn's attention op, and PyTorch's CUDA
-#     SDPA layer, forward and forward+backward, float32,
-#     alternating ours / PyTorch for each mode, ROUNDS rounds;
-#  2. our CPU kernel (flex and ndarray, fused) and PyTorch's CPU sdpa at 1, 2, 4, … threads.
-#   benches/attention-bench/run-gpu.sh gpu-results.jsonl
-# Needs: a release build (cargo build --release -p attention-bench); PyTorch with CUDA as
-# $TORCH_PYTHON (default python3); ../shared/peers/torch_mha.py (or $PEER_CPU).
+# The GPU figures of BENCHMARKS.md in one run, on a machine with an NVIDIA GPU, its Vulkan driver
+# and PyTorch with CUDA: ours (`--impl fused`, the GPU kernel), our layer on Burn's attention op
+# (`--impl burn-op`) and PyTorch's SDPA, interleaved shape by shape, every row timed with 20 calls
+# per sync. Rows in order of what the targets need; once DEADLINE seconds have passed the rest are
+# skipped (saying so), so that one run fits the device's minutes. Then gpu_targets.py prints
+# met/missed per target.
+#   benches/attention-bench/run-gpu.sh OUT.jsonl [DEADLINE_S]
+# On the device machine (see benches/attention-bench/prepare-gpu.sh, which makes .gpu/ and .gl/):
+#   for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig; xz -dk .gpu/*.xz; chmod +x .gpu/*;
+#   BIN_DIR=.gpu benches/attention-bench/run-gpu.sh $OUT/gpu.jsonl 420
+# A dry run without a GPU (lavapipe, PyTorch on the CPU, small shapes):
+#   PEER_DEVICE=cpu CORE_SEQS="64 128" LAYER_SHAPES=1x64x768x12 DECODE_SHAPES=1x64x768x12 \
+#     LONG=128 CALLS=2 benches/attention-bench/run-gpu.sh /tmp/gpu.jsonl
 set -uo pipefail
-out=${1:-gpu-results.jsonl}
+out=$1
+deadline=$(($(date +%s) + ${2:-420}))
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-runner=${RUNNER:-$root/target/release/attention-bench}
+bin=${BIN_DIR:-$here/../../target/release}
 py=${TORCH_PYTHON:-python3}
-peer_cpu=${PEER_CPU:-$root/../shared/peers/torch_mha.py}
-rounds=${ROUNDS:-3}
-gpu_shapes=${GPU_SHAPES:-4x512x768x12 1x1024x768x12 1x2048x768x12 1x4096x768x12}
-cpu_shapes=${CPU_SHAPES:-4x512x768x12 1x1024x768x12}
-max_threads=${MAX_THREADS:-$(nproc)}
+device=${PEER_DEVICE:-cuda}
+rounds=${ROUNDS:-2}
+calls=${CALLS:-20}
+core_seqs=${CORE_SEQS:-1024 2048 4096 8192}
+layer_shapes=${LAYER_SHAPES:-4x512x768x12 1x1024x768x12 1x2048x768x12 1x4096x768x12 1x8192x768x12}
+decode_shapes=${DECODE_SHAPES:-1x1024x768x12 8x1024x768x12 1x16384x768x12}
+long=${LONG:-8192}
 : > "$out"
 
-shape_args() { for s in "$@"; do printf -- '--shape %s ' "$s"; done; }
-# Tags every JSON line with the round and, for the CPU part, the threads.
-tag() { sed "s/}\$/,\"round\":$1}/"; }
+# Whether time is left; says what is skipped when not.
+left() {
+  [ "$(date +%s)" -lt "$deadline" ] && return 0
+  echo "{\"skipped\":\"$1\",\"reason\":\"deadline\"}" >> "$out"
+  return 1
+}
+# One line per shape into OUT, tagged with the round; a crash or timeout is a line too.
+record() {
+  local round=$1
+  shift
+  local lines
+  lines=$(timeout 150 "$@" 2>/tmp/run-gpu.err)
+  local rc=$?
+  if [ -n "$lines" ]; then
+    echo "$lines" | sed "s/^{/{\"round\":$round,/" >> "$out"
+  fi
+  if [ $rc -ne 0 ]; then
+    local why
+    why=$(tail -c 300 /tmp/run-gpu.err | tr '"\n\\' "' /")
+    echo "{\"round\":$round,\"failed\":\"$*\",\"rc\":$rc,\"stderr\":\"$why\"}" >> "$out"
+  fi
+}
+ours() { record "$1" "$bin/attention-bench" --backend wgpu --repeats 5 --warmup 2 \
+  --calls-per-sync "$calls" "${@:2}"; }
+torch() { record "$1" "$py" "$here/peer_cuda.py" --device "$device" --repeats 5 --warmup 2 \
+  --calls-per-sync "$calls" "${@:2}"; }
 
+lscpu | grep -m1 "Model name" | sed 's/.*: *//; s/^/{"kind":"machine","cpu":"/; s/$/"}/' >> "$out"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null |
+  sed 's/^/{"kind":"gpu","gpu":"/; s/$/"}/' >> "$out"
+
+# 1. The core, f32: ours, Burn's op, SDPA.
 for round in $(seq "$rounds"); do
   for mode in fwd fwdbwd; do
-    for impl in fused burn-op; do
-      # shellcheck disable=SC2046
-      timeout 300 "$runner" --backend wgpu --impl $impl --mode $mode --repeats 10 --warmup 3 \
-        $(shape_args $gpu_shapes) | tag "$round" >> "$out"
+    for seq in $core_seqs; do
+      left "core $mode $seq round $round" || break 3
+      shape=1x${seq}x768x12
+      ours "$round" --impl fused --core --mode $mode --shape "$shape"
+      ours "$round" --impl burn-op --core --mode $mode --shape "$shape"
+      torch "$round" --core --mode $mode --shapes "$shape"
     done
-    "$py" "$here/peer_cuda.py" --mode $mode --repeats 10 --warmup 3 \
-      --shapes "$(echo $gpu_shapes | tr ' ' ',')" | tag "$round" >> "$out"
-  done
-  # shellcheck disable=SC2046
-  timeout 120 "$runner" --backend wgpu --impl fused --mode decode --repeats 20 --warmup 3 \
-    $(shape_args ${DECODE_SHAPES:-1x1024x768x12 8x1024x768x12}) | tag "$round" >> "$out"
-done
-
-# Grouped-query (3 key/value heads for 12) and window-512 attention at 4096 tokens beside
-# multi-head, on wgpu and on the CPU kernel with every core.
-long=${LONG_SHAPE:-1x4096x768x12}
-for extra in "" "--num-kv-heads 3" "--sliding-window 512"; do
-  for mode in fwd fwdbwd; do
-    # shellcheck disable=SC2086
-    timeout 120 "$runner" --backend wgpu --impl fused --mode $mode --repeats 10 --warmup 3 \
-      --shape "$long" $extra | tag 1 >> "$out"
-    # shellcheck disable=SC2086
-    timeout 120 "$runner" --backend flex --impl fused --mode $mode --repeats 3 --warmup 1 \
-      --shape "$long" $extra | tag 1 >> "$out"
   done
 done
-
-for round in $(seq 2); do
-  for threads in 1 2 4 8 16 32 64; do
-    [ "$threads" -gt "$max_threads" ] && break
-    for backend in flex ndarray; do
-      # shellcheck disable=SC2046
-      timeout 120 "$runner" --backend $backend --impl fused --mode fwd --repeats 5 --warmup 1 \
-        --threads "$threads" $(shape_args $cpu_shapes) | tag "$round" >> "$out"
-    done
-    "$py" "$peer_cpu" --impl sdpa --mode fwd --threads "$threads" --repeats 5 --warmup 1 \
-      --shapes "$(echo $cpu_shapes | tr ' ' ',')" | tag "$round" >> "$out"
+# 2. The layer, f32.
+for mode in fwd fwdbwd; do
+  for shape in $layer_shapes; do
+    left "layer $mode $shape" || break 2
+    ours 1 --impl fused --mode $mode --shape "$shape"
+    ours 1 --impl burn-op --mode $mode --shape "$shape"
+    torch 1 --mode $mode --shapes "$shape"
   done
 done
+# 3. Decoding one token: the layer over its cache.
+for shape in $decode_shapes; do
+  left "decode $shape" || break
+  ours 1 --impl fused --mode decode --shape "$shape"
+  ours 1 --impl burn-op --mode decode --shape "$shape"
+  torch 1 --mode decode --shapes "$shape"
+done
+# 4. Grouped heads (3 key/value heads of 12) and a 512-key window beside all heads, the core.
+for mode in fwd fwdbwd; do
+  left "grouped and window $mode" || break
+  shape=1x${long}x768x12
+  ours 1 --impl fused --core --mode $mode --shape "$shape"
+  ours 1 --impl fused --core --mode $mode --shape "$shape" --num-kv-heads 3
+  ours 1 --impl fused --core --mode $mode --shape "$shape" --sliding-window 512
+  torch 1 --core --mode $mode --shapes "$shape" --num-kv-heads 3
+done
+# 5. Half precision, the core: ours and Burn's op in f16 on wgpu, SDPA in f16 and bf16.
+for mode in fwd fwdbwd; do
+  for seq in $core_seqs; do
+    left "f16 core $mode $seq" || break 2
+    shape=1x${seq}x768x12
+    ours 1 --impl fused --core --mode $mode --shape "$shape" --dtype f16
+    ours 1 --impl burn-op --core --mode $mode --shape "$shape" --dtype f16
+    torch 1 --core --mode $mode --shapes "$shape" --dtype f16
+    torch 1 --core --mode $mode --shapes "$shape" --dtype bf16
+  done
+done
+python3 "$here/gpu_targets.py" "$out"
