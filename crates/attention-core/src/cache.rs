@@ -250,9 +250,8 @@ impl<B: Backend> KvCache<B> {
         (storage, at - plan.keep..at + count)
     }
 
-    /// Waits until the device has run every queued read of the storage: the end of a step whose
-    /// reads the next step's in-place writes must not overtake (see [`KvStorage::settle`]).
-    pub(crate) fn settle(&self) -> Result<(), AttentionError> {
-        self.storage.as_ref().map_or(Ok(()), KvStorage::settle)
+    /// Ends a layer's decoding step (see [`KvStorage::end_step`]).
+    pub(crate) fn end_step(&self) -> Result<(), AttentionError> {
+        self.storage.as_ref().map_or(Ok(()), KvStorage::end_step)
     }
 }

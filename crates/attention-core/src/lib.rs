@@ -56,6 +56,9 @@ pub use attend::{AttentionPath, causal_attention, masked_softmax};
 pub use cache::KvCache;
 pub use error::AttentionError;
 pub use kernels::Kernel;
+/// How many device syncs decoding has made on this thread: what tests check stays zero.
+#[doc(hidden)]
+pub use kernels::device_syncs;
 /// The GPU kernels' CUDA source without a CUDA device, for `benches/kernel-report`.
 #[cfg(feature = "kernel-report")]
 #[doc(hidden)]

@@ -601,7 +601,7 @@ impl<B: Backend> MultiHeadAttention<B> {
                 scores: self.score_rule(),
             });
             let output = projection::linear(&self.output_layer, context);
-            cache.settle()?;
+            cache.end_step()?;
             return Ok(output);
         }
         let [q, k, v] = self.project(x_new, &positions, HeadLayout::Split);
@@ -623,7 +623,7 @@ impl<B: Backend> MultiHeadAttention<B> {
             )
         };
         let output = self.merge_and_project(context);
-        cache.settle()?;
+        cache.end_step()?;
         Ok(output)
     }
 

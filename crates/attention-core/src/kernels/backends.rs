@@ -122,6 +122,8 @@ pub(super) struct Entry<B: Backend> {
     pub(super) forward: fn(KernelInputs<B>) -> Tensor<B, 3>,
     /// A decoding step over a cache in the kernel's storage (bare backends only).
     pub(super) cached: fn(CachedInputs<'_, B>) -> Tensor<B, 3>,
+    /// Ends a layer's decoding step on the device's queue, without waiting for the device.
+    pub(super) end_step: fn(&B::Device),
     /// Whether `B` is a bare backend, whose cache the kernel keeps in its own storage.
     keeps_cache: bool,
 }
@@ -138,6 +140,7 @@ pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
                     kernel: $kernel,
                     forward: $module::forward::<B, $inner>,
                     cached: $module::cached::<B, $inner>,
+                    end_step: $module::end_step::<B, $inner>,
                     keeps_cache: true,
                 });
             }
@@ -146,6 +149,7 @@ pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
                     kernel: $kernel,
                     forward: $module::on_autodiff::<B, $inner, NoCheckpointing>,
                     cached: uncached::<B>,
+                    end_step: $module::end_step::<B, $inner>,
                     keeps_cache: false,
                 });
             }
@@ -154,6 +158,7 @@ pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
                     kernel: $kernel,
                     forward: $module::on_autodiff::<B, $inner, BalancedCheckpointing>,
                     cached: uncached::<B>,
+                    end_step: $module::end_step::<B, $inner>,
                     keeps_cache: false,
                 });
             }

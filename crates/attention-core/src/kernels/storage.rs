@@ -231,18 +231,22 @@ impl<B: Backend> KvStorage<B> {
         }
     }
 
-    /// Waits for the device to run what is queued, at the end of a decoding step.
-    ///
-    /// Burn 0.21's lazy wgpu (fusion) backend lets the next step's in-place writes overtake this
-    /// step's queued reads of the same storage (or fuses the next step's work with them), and
-    /// decoding then reads wrong keys (tested by `cached_decoding_reproduces_the_fixtures`; a sync
-    /// at the start of the next step's write is not enough). A no-op on the eager CPU backends
-    /// and for host storage.
-    pub(crate) fn settle(&self) -> Result<(), AttentionError> {
-        match self {
-            Self::Tensors { keys, .. } => sync::<B>(&keys.device()),
-            Self::Device { keys, .. } => sync::<B>(&keys.device()),
-            Self::CpuHost(_) => Ok(()),
+    /// Ends a decoding step over this storage: on a backend with a kernel of this crate's own,
+    /// its queue runs what the step queued without the host waiting for the device
+    /// ([`super::end_step`]); on any other backend (whose fusion, if it has one, this crate
+    /// cannot reach) the device is synced. Nothing for host storage.
+    pub(crate) fn end_step(&self) -> Result<(), AttentionError> {
+        let device = match self {
+            Self::Tensors { keys, .. } => keys.device(),
+            Self::Device { keys, .. } => keys.device(),
+            Self::CpuHost(_) => return Ok(()),
+        };
+        match super::backends::entry::<B>() {
+            Some(entry) => {
+                (entry.end_step)(&device);
+                Ok(())
+            }
+            None => sync::<B>(&device),
         }
     }
 
@@ -292,7 +296,19 @@ impl<B: Backend> KvStorage<B> {
 
 /// Waits for `device` to run what is queued.
 fn sync<B: Backend>(device: &B::Device) -> Result<(), AttentionError> {
+    DEVICE_SYNCS.with(|syncs| syncs.set(syncs.get() + 1));
     B::sync(device).map_err(|error| AttentionError::Device {
         reason: error.to_string(),
     })
+}
+
+thread_local! {
+    /// The device syncs a cache has made on this thread ([`device_syncs`]).
+    static DEVICE_SYNCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many times a cache has waited for the device on the calling thread (per thread, as
+/// [`Kernel::calls`]): a test's check that decoding waits for nothing.
+pub fn device_syncs() -> u64 {
+    DEVICE_SYNCS.with(std::cell::Cell::get)
 }

@@ -357,8 +357,11 @@ fn fused_op_reads_strided_views<B: Backend>(device: &B::Device) {
 }
 
 /// Token-by-token decoding of every PyTorch fixture (weights loaded from the file) reproduces its
-/// output: the cached path on imported weights, end to end.
+/// output: the cached path on imported weights, end to end; and no step waits for the device
+/// (on Burn's fused wgpu, steps back to back are where its fusion once went wrong: see
+/// `kernels/gpu/op.rs`, `end_step`).
 fn cached_decoding_reproduces_the_fixtures<B: Backend>(device: &B::Device) {
+    let syncs = attention_core::device_syncs();
     let mut fixtures = common::book_fixtures();
     fixtures.push(attention_backends::fixture(
         "gpt2_causal_s0_b2_t7_d16_h4.safetensors",
@@ -393,6 +396,27 @@ fn cached_decoding_reproduces_the_fixtures<B: Backend>(device: &B::Device) {
             &name,
         );
     }
+    assert_eq!(
+        attention_core::device_syncs(),
+        syncs,
+        "decoding waited for the device"
+    );
+}
+
+/// The sync counter counts: on a backend without a kernel of the crate's own (burn-ndarray with
+/// 32-bit integers), whose queue the crate cannot reach, each step of a layer ends with a sync.
+#[test]
+fn a_backend_the_crate_cannot_drain_is_synced_each_step() {
+    type Other = burn::backend::NdArray<f32, i32>;
+    let device = Default::default();
+    let layer = seeded_layer::<Other>(&MultiHeadAttentionConfig::new(8, 8, 16, 2), 3, &device);
+    let mut cache = layer.new_cache();
+    let syncs = attention_core::device_syncs();
+    for t in 0..3 {
+        let token = randn::<Other, 3>([1, 1, 8], 40 + t, &device);
+        layer.forward_cached(token, &mut cache).unwrap();
+    }
+    assert_eq!(attention_core::device_syncs(), syncs + 3);
 }
 
 /// A cache that grows past its first allocations (64, then doubling) still equals the full

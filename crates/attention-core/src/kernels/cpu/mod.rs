@@ -24,7 +24,7 @@ mod simd;
 
 pub(crate) use elementwise::{Nonlinearity, in_place, rotated_in_place};
 pub(crate) use host_cache::HostStorage;
-pub(crate) use op::{cached, forward, on_autodiff};
+pub(crate) use op::{cached, end_step, forward, on_autodiff};
 pub(crate) use packed::release as release_packed_weights;
 pub(crate) use products::{Reuse, products};
 pub(crate) use products_op::tracked_products;

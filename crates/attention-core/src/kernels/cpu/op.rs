@@ -262,6 +262,11 @@ impl<I: Backend, E: HostFloat, const N: usize> Backward<I, N> for FlashBackward<
     }
 }
 
+/// Ends a layer's decoding step: the CPU backends compute eagerly, a step has nothing queued
+/// (`Bare`, which `B` is, is the kernel list's entry shape).
+#[allow(clippy::extra_unused_type_parameters)]
+pub(crate) fn end_step<B: Backend, Bare>(_: &B::Device) {}
+
 /// A decoding step over a cache in host memory (`Bare`, which `B` is, is not needed).
 #[allow(clippy::extra_unused_type_parameters)]
 pub(crate) fn cached<B: Backend, Bare>(inputs: CachedInputs<'_, B>) -> Tensor<B, 3> {

@@ -164,6 +164,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
         );
         [query_grad, key_grad, value_grad]
     }
+
+    fn end_step(_: &Self::Device) {
+        // Launches go to the device's queue as they are made: nothing is held back.
+    }
 }
 
 /// The kernels' inputs, contiguous (the kernels index rows by hand); a kernel without padding

@@ -11,6 +11,7 @@ use std::marker::PhantomData;
 
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Shape};
+use burn_fusion::client::GlobalFusionClient;
 use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
@@ -56,6 +57,12 @@ impl<B: FusionBackend + FlashBackend> FlashBackend for Fusion<B> {
             .chain([grads.output_grad, grads.lse, grads.delta])
             .collect();
         registered::<B, 3>(pass, call, inputs, shapes)
+    }
+
+    fn end_step(device: &Self::Device) {
+        // The stream's queued operations are optimized and launched now (the host waits for
+        // that, not for the device): see `op::end_step`.
+        GlobalFusionClient::<B::FusionRuntime>::load(device).sync(|| ());
     }
 }
 

@@ -24,7 +24,7 @@ mod tiling;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
 
-pub(crate) use op::{cached, forward, on_autodiff};
+pub(crate) use op::{cached, end_step, forward, on_autodiff};
 
 /// The sizes and score rule of one kernel call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -92,4 +92,8 @@ pub(crate) trait FlashBackend: Backend {
         grads: FlashGradInputs<Self>,
         call: FlashCall,
     ) -> [FloatTensor<Self>; 3];
+
+    /// Ends a decoding step on `device`'s queue without waiting for the device (see
+    /// [`end_step`]): a fusion backend runs what it has queued, a plain one has nothing to do.
+    fn end_step(device: &Self::Device);
 }

@@ -252,6 +252,23 @@ pub(crate) fn cached<B: Backend, Bare: FlashBackend>(inputs: CachedInputs<'_, B>
     )))
 }
 
+/// Ends a layer's decoding step on `Bare`, which `B` is: on Burn's fusion backends the stream
+/// runs what it has queued, so that no fused optimization spans two steps; the host does not wait
+/// for the device.
+///
+/// Burn 0.21's fusion, given a layer's steps back to back, optimizes operations of consecutive
+/// steps together, and the result is wrong: `cached_decoding_reproduces_the_fixtures` failed on
+/// the fused wgpu backend by up to 1.1 (a layer's output) on four of the nine fixtures, on the
+/// GPU kernel's path and on Burn's attention op alike, while the explicit path, the plain (unfused)
+/// `CubeBackend` and a drained stream were right. It is no write overtaking a read: the cache
+/// written out of place (its old buffer still held) failed the same. A device sync at the end of
+/// each step (this crate's earlier workaround) drains the stream too, and waits for the device
+/// besides.
+pub(crate) fn end_step<B: Backend, Bare: FlashBackend>(device: &B::Device) {
+    let device: Bare::Device = same_type(device.clone());
+    Bare::end_step(&device);
+}
+
 /// Keys a split of a decoding step takes at least.
 const SPLIT_KEYS: usize = 64;
 /// The most splits of a decoding step.
