@@ -26,7 +26,8 @@
 //! - `decoder.rs`: [`Decoder`], with and without KV caches.
 //! - `config.rs`: [`GptConfig`], the book's GPT as a configuration of the decoder.
 //! - `sampling.rs`: [`Sampling`] and the [`Sampler`] that follows it.
-//! - `generate.rs`: one prompt's continuation through the caches.
+//! - `generate.rs`: the generation loop: a batch of left-padded [`Prompts`] continued through
+//!   the caches, tokens chosen on the device.
 //! - `checkpoint.rs`: a trained GPT on disk, checked against its config.
 //! - `named.rs`: parameters by their path in a model.
 #![warn(missing_docs)]
@@ -45,7 +46,7 @@ mod sampling;
 pub use block::DecoderBlock;
 pub use config::{GptConfig, GptConfigError, GptModel};
 pub use decoder::{Decoder, DecoderError};
-pub use generate::GenerateError;
+pub use generate::{GenerateConfig, GenerateError, Generation, Prompts, PromptsError};
 pub use input::{LmInput, Logits};
 pub use mlp::{Activation, GatedMlp, Mlp, PlainMlp};
 pub use named::{load_parameters, named_parameters, parameter_shapes};

@@ -1,6 +1,10 @@
 //! How the next token is chosen from a row of logits: greedy, or a seeded draw after
-//! transformers' processors in their order (temperature, top-k, top-p).
+//! transformers' processors in their order (temperature, top-k, top-p). [`Sampler::pick_rows`]
+//! chooses where the logits are (on a GPU backend, on the GPU) and reads back only the ids;
+//! [`Sampler::pick`] is the same rule on the host, for one row.
 
+use burn::prelude::*;
+use burn::tensor::TensorData;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use thiserror::Error;
@@ -86,7 +90,63 @@ impl Sampler {
         })
     }
 
-    /// The next token of a row with these logits.
+    /// The next token of every row of `logits`, chosen on `logits`' device: greedy is an
+    /// `argmax`; a draw ranks each row (a sort), keeps its top-k and top-p tokens, and takes the
+    /// first whose running sum of weights passes a uniform draw from this sampler's seeded
+    /// generator (one per row, in row order). Only the `[batch]` ids are read back.
+    ///
+    /// The device computes in its own float type: where two tokens' scores are within its
+    /// rounding, the choice may differ from [`pick`](Self::pick)'s.
+    ///
+    /// # Shapes
+    /// - `logits`: `[batch, vocab]`
+    pub fn pick_rows<B: Backend>(&mut self, logits: Tensor<B, 2>) -> Vec<usize> {
+        let [batch, vocab] = logits.dims();
+        let chosen = match self.sampling {
+            Sampling::Greedy => logits.argmax(1),
+            Sampling::Sample {
+                temperature,
+                top_k,
+                top_p,
+                ..
+            } => {
+                let (ranked, tokens) = logits
+                    .div_scalar(temperature)
+                    .sort_descending_with_indices(1);
+                let kept = top_k.map_or(vocab, |k| k.clamp(1, vocab));
+                let (ranked, tokens) = (ranked.narrow(1, 0, kept), tokens.narrow(1, 0, kept));
+                let most = ranked.clone().narrow(1, 0, 1);
+                let mut weights = (ranked - most).exp();
+                if let Some(p) = top_p {
+                    // Keep a token while the weight before it is under `p`: the smallest set
+                    // reaching `p`, the first token always.
+                    let total = weights.clone().sum_dim(1);
+                    let before = (weights.clone().cumsum(1) - weights.clone()) / total;
+                    weights = weights.mask_fill(before.greater_equal_elem(p), 0.0);
+                }
+                let device = weights.device();
+                let draws: Vec<f32> = (0..batch)
+                    .map(|_| self.rng.random::<f64>() as f32)
+                    .collect();
+                let draws = Tensor::<B, 2>::from_data(TensorData::new(draws, [batch, 1]), &device);
+                let running = weights.clone().cumsum(1);
+                let threshold = draws * weights.sum_dim(1);
+                // The first token whose running sum passes the draw.
+                let first = running.greater(threshold).int().argmax(1);
+                tokens.gather(1, first)
+            }
+        };
+        chosen
+            .into_data()
+            .convert::<i64>()
+            .into_vec::<i64>()
+            .expect("integer ids")
+            .into_iter()
+            .map(|id| id as usize)
+            .collect()
+    }
+
+    /// The next token of a row with these logits, chosen on the host.
     ///
     /// # Shapes
     /// - `logits`: `[vocab]`
@@ -209,6 +269,55 @@ mod tests {
         // p(1) = 3/4; 4000 draws put the count within ±4σ (σ ≈ 27) of 3000.
         assert!((2890..=3110).contains(&ones), "{ones}");
         assert!(!draws(4000).contains(&2));
+    }
+
+    /// Rows of logits as a tensor on the CPU.
+    fn rows(values: &[f32], vocab: usize) -> Tensor<attention_backends::NdArray, 2> {
+        let batch = values.len() / vocab;
+        Tensor::from_data(
+            TensorData::new(values.to_vec(), [batch, vocab]),
+            &Default::default(),
+        )
+    }
+
+    #[test]
+    fn rows_picked_on_the_device_are_the_hosts_greedy_picks() {
+        let vocab = 37;
+        let values: Vec<f32> = (0..5 * vocab)
+            .map(|i| ((i * 7919) % 101) as f32 / 10.0 - (i % 3) as f32)
+            .collect();
+        let mut sampler = Sampler::new(&Sampling::Greedy).unwrap();
+        let host: Vec<usize> = values.chunks(vocab).map(|row| sampler.pick(row)).collect();
+        assert_eq!(sampler.pick_rows(rows(&values, vocab)), host);
+    }
+
+    #[test]
+    fn rows_drawn_on_the_device_follow_the_probabilities_top_k_and_top_p() {
+        let draws = |top_k, top_p, seed| {
+            let sampling = Sampling::Sample {
+                temperature: 1.0,
+                top_k,
+                top_p,
+                seed,
+            };
+            let mut sampler = Sampler::new(&sampling).unwrap();
+            // p(0) = 3/4, p(1) = 1/4, p(2) = 0; 400 rows of 3, drawn at once.
+            let row = [(3.0f32).ln(), 0.0, f32::NEG_INFINITY];
+            let values: Vec<f32> = row.iter().copied().cycle().take(3 * 400).collect();
+            sampler.pick_rows(rows(&values, 3))
+        };
+        assert_eq!(draws(None, None, 7), draws(None, None, 7));
+        assert_ne!(draws(None, None, 7), draws(None, None, 8));
+        let all = draws(None, None, 7);
+        let zeros = all.iter().filter(|&&t| t == 0).count();
+        // 400 draws put the count within ±4σ (σ ≈ 8.7) of 300.
+        assert!((265..=335).contains(&zeros), "{zeros}");
+        assert!(!all.contains(&2));
+        // Top-1, and a top-p the first token alone reaches, keep only token 0.
+        assert!(draws(Some(1), None, 3).iter().all(|&t| t == 0));
+        assert!(draws(None, Some(0.7), 3).iter().all(|&t| t == 0));
+        // A top-p past the first token's mass keeps both.
+        assert!(draws(None, Some(0.8), 3).contains(&1));
     }
 
     #[test]

@@ -6,13 +6,13 @@
 //!
 //! ```no_run
 //! use burn::backend::NdArray;
-//! use hf_models::{CausalLm, GenerateConfig, Prompts};
+//! use hf_models::{CausalLm, Prompts};
 //!
 //! let device = Default::default();
 //! // A directory as `save_pretrained` writes it: config.json, model.safetensors.
 //! let model = CausalLm::<NdArray>::load("models/tiny-llama", &device)?;
 //! let prompts = Prompts::left_padded(&[vec![5, 17, 9], vec![12]], model.special_tokens().pad())?;
-//! let generation = model.generate(&prompts, &GenerateConfig::greedy(&model, 16), &device)?;
+//! let generation = model.generate(&prompts, &model.greedy(16), &device)?;
 //! println!("{:?}", generation.tokens);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -30,7 +30,7 @@
 //!   placement and convention, q/k norms, fused tensors, which layers have a window or which
 //!   RoPE, score scale and soft-caps), not a copy.
 //! - `model.rs`: [`CausalLm`], a loaded checkpoint and the checks of a forward pass's input.
-//! - `generate.rs`: batched generation from left-padded [`Prompts`].
+//! - `generate.rs`: a checkpoint's generation settings; the loop is `gpt`'s.
 #![warn(missing_docs)]
 
 mod checkpoint;
@@ -45,9 +45,9 @@ pub use config::{
     BlockNorms, ConfigError, Gpt2Config, LlamaConfig, LlamaFamily, ModelConfig, RopeLayers,
     SpecialTokens, Windows, rope_scaling,
 };
-pub use generate::{GenerateConfig, GenerateError, Generation, Prompts, PromptsError};
 pub use gpt::{
-    Activation, Decoder, DecoderBlock, GatedMlp, LmInput, Mlp, Norm, PlainMlp, Sampling,
-    SamplingError, UnitOffsetRmsNorm,
+    Activation, Decoder, DecoderBlock, GatedMlp, GenerateConfig, GenerateError, Generation,
+    LmInput, Mlp, Norm, PlainMlp, Prompts, PromptsError, Sampling, SamplingError,
+    UnitOffsetRmsNorm,
 };
 pub use model::{CausalLm, ModelError};

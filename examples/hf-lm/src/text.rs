@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use burn::prelude::*;
-use hf_models::{CausalLm, Prompts};
+use hf_models::{CausalLm, GenerateError, Prompts};
 
 use crate::{Cli, CliError};
 
@@ -65,7 +65,8 @@ fn generate<B: Backend>(
     device: &B::Device,
 ) -> Result<(Vec<u32>, f64), CliError> {
     let len = ids.len();
-    let prompts = Prompts::left_padded(&[ids], model.special_tokens().pad())?;
+    let prompts =
+        Prompts::left_padded(&[ids], model.special_tokens().pad()).map_err(GenerateError::from)?;
     let start = Instant::now();
     let generation = model.generate(&prompts, &cli.generate_config(model), device)?;
     let seconds = start.elapsed().as_secs_f64();

@@ -2,14 +2,15 @@
 //! short training run that lowers the loss.
 
 use attention_backends::NdArray;
-use attention_core::AttentionError;
 use burn::backend::Autodiff;
 use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::loss::cross_entropy_with_logits;
-use gpt::{DecoderError, GenerateError, GptConfig, GptModel, Sampling, SamplingError};
+use gpt::{
+    DecoderError, GenerateError, GptConfig, GptModel, PromptsError, Sampling, SamplingError,
+};
 
 fn config() -> GptConfig {
     GptConfig::new(50, 16, 24, 3, 2).with_qkv_bias(true)
@@ -117,23 +118,24 @@ fn generation_errors() {
     let model = model::<NdArray>(4, &device);
     assert_eq!(
         model.generate(&[], 3, &Sampling::Greedy, &device),
-        Err(GenerateError::EmptyPrompt)
+        Err(GenerateError::Prompts(PromptsError::EmptyPrompt))
     );
     assert_eq!(
-        model.generate(&[50], 3, &Sampling::Greedy, &device),
+        model.generate(&[1, 50], 3, &Sampling::Greedy, &device),
         Err(GenerateError::TokenOutOfRange {
+            row: 0,
+            column: 1,
             token: 50,
             vocab_size: 50
         })
     );
     assert_eq!(
         model.generate(&[1; 10], 7, &Sampling::Greedy, &device),
-        Err(GenerateError::Decoder(DecoderError::Attention(
-            AttentionError::ContextOverflow {
-                seq: 17,
-                context_length: 16
-            }
-        )))
+        Err(GenerateError::TooLong {
+            prompt: 10,
+            new: 7,
+            max_positions: 16
+        })
     );
     assert_eq!(
         model.generate(

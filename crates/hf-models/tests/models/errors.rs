@@ -350,15 +350,16 @@ fn fields_that_do_not_change_the_computation_and_nulls_are_accepted() {
 fn greedy(model: &CausalLm<NdArray>) -> (Vec<Vec<u32>>, Vec<f32>) {
     let prompts =
         Prompts::left_padded(&[vec![5, 17, 9], vec![12]], model.special_tokens().pad()).unwrap();
+    let config = GenerateConfig {
+        step_logits: true,
+        ..model.greedy(4)
+    };
     let generation = model
-        .generate(
-            &prompts,
-            &GenerateConfig::greedy(model, 4),
-            &Default::default(),
-        )
+        .generate(&prompts, &config, &Default::default())
         .unwrap();
     let logits = generation
         .step_logits
+        .expect("asked for")
         .into_data()
         .convert::<f32>()
         .into_vec::<f32>()
@@ -575,7 +576,7 @@ fn sharded_checkpoints_load_as_the_single_file_does() {
     let device = Default::default();
     let run = |model: &CausalLm<NdArray>| {
         model
-            .generate(&prompts, &GenerateConfig::greedy(model, 3), &device)
+            .generate(&prompts, &model.greedy(3), &device)
             .unwrap()
             .tokens
     };
@@ -598,7 +599,7 @@ fn bad_generation_requests_are_refused_before_any_work() {
     let generate = |prompts: &Prompts, config: &GenerateConfig| {
         model.generate(prompts, config, &device).unwrap_err()
     };
-    let greedy = GenerateConfig::greedy(&model, 4);
+    let greedy = model.greedy(4);
     let out_of_vocabulary = Prompts::left_padded(&[vec![1, 103]], 0).unwrap();
     assert!(matches!(
         generate(&out_of_vocabulary, &greedy),
@@ -662,14 +663,14 @@ fn sampling_with_a_seed_is_reproducible_and_differs_from_greedy() {
                 top_p: Some(0.95),
                 seed,
             },
-            ..GenerateConfig::greedy(&model, 12)
+            ..model.greedy(12)
         };
         model.generate(&prompts, &config, &device).unwrap().tokens
     };
     assert_eq!(sample(1), sample(1));
     assert_ne!(sample(1), sample(2));
     let greedy = model
-        .generate(&prompts, &GenerateConfig::greedy(&model, 12), &device)
+        .generate(&prompts, &model.greedy(12), &device)
         .unwrap()
         .tokens;
     assert_ne!(sample(1), greedy);
@@ -680,9 +681,7 @@ fn a_row_that_ends_continues_with_the_pad_id() {
     let model = load(&fixture("hf/gpt2_tiny_s0")).unwrap();
     let device = Default::default();
     let prompts = Prompts::left_padded(&[vec![5, 6, 7, 8, 9], vec![1, 2]], 100).unwrap();
-    let greedy = model
-        .generate(&prompts, &GenerateConfig::greedy(&model, 4), &device)
-        .unwrap();
+    let greedy = model.generate(&prompts, &model.greedy(4), &device).unwrap();
     // Row 0 continues with 82 (see the ndarray run of the fixtures): make 82 its end.
     let first_new = greedy.tokens[0][5];
     let mut eos_token_ids = model.special_tokens().eos.clone();
@@ -690,7 +689,7 @@ fn a_row_that_ends_continues_with_the_pad_id() {
     let config = GenerateConfig {
         eos_token_ids,
         pad_token_id: 99,
-        ..GenerateConfig::greedy(&model, 4)
+        ..model.greedy(4)
     };
     let ended = model.generate(&prompts, &config, &device).unwrap();
     assert_eq!(ended.tokens[0][5..], [first_new, 99, 99, 99]);

@@ -53,7 +53,8 @@ fn generate<B: Backend>(
     let config = GenerateConfig {
         use_cache,
         prompt_logits: true,
-        ..GenerateConfig::greedy(&lm, new)
+        step_logits: true,
+        ..lm.greedy(new)
     };
     let generation = lm.generate(&expected.prompts(), &config, device).unwrap();
     (lm, generation)
@@ -108,7 +109,7 @@ fn check_against_transformers<B: Backend>(model: &str, generation: Generation<B>
         |row, column| mask[row * len + column] == 1,
     );
     let (want, shape) = expected.floats("step_logits");
-    let got = host(generation.step_logits);
+    let got = host(generation.step_logits.expect("asked for"));
     let step_worst = assert_logits_close(
         &format!("{model} step logits"),
         &got,
@@ -149,11 +150,13 @@ fn cached_generation_equals_uncached<B: Backend>(device: &B::Device) {
         let (_, cached) = generate::<B>(model, true, device);
         let (_, uncached) = generate::<B>(model, false, device);
         assert_eq!(cached.tokens, uncached.tokens, "{model}");
-        let dims = cached.step_logits.dims();
+        let [cached_logits, uncached_logits] =
+            [cached, uncached].map(|generation| generation.step_logits.expect("asked for"));
+        let dims = cached_logits.dims();
         let worst = assert_logits_close(
             model,
-            &host(cached.step_logits),
-            &host(uncached.step_logits),
+            &host(cached_logits),
+            &host(uncached_logits),
             dims,
             |_, _| true,
         );
@@ -180,15 +183,17 @@ fn a_padded_row_generates_what_it_generates_alone<B: Backend>(device: &B::Device
         let prompts = Prompts::left_padded(&[row], lm.special_tokens().pad()).unwrap();
         let (alone, alone_shape) = expected.ints("generated_unpadded_row1");
         let new = alone_shape[1] - prompts.dims()[1];
-        let generation = lm
-            .generate(&prompts, &GenerateConfig::greedy(&lm, new), device)
-            .unwrap();
+        let config = GenerateConfig {
+            step_logits: true,
+            ..lm.greedy(new)
+        };
+        let generation = lm.generate(&prompts, &config, device).unwrap();
         let tokens: Vec<i64> = generation.tokens[0].iter().map(|&t| i64::from(t)).collect();
         assert_eq!(tokens, alone, "{model}: row 1 alone");
         let (want, shape) = expected.floats("step_logits_unpadded_row1");
         assert_logits_close(
             &format!("{model} row 1 alone"),
-            &host(generation.step_logits),
+            &host(generation.step_logits.expect("asked for")),
             &want,
             [shape[0], shape[1], shape[2]],
             |_, _| true,
