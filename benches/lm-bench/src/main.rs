@@ -10,13 +10,20 @@
 //! the caches and one pick), `total` one that makes `--new`; the decode rate is
 //! `batch · (new − 1) / (total − prefill)`. Prompt ids are `(row · 7919 + column · 104729) mod
 //! vocab`, as in `peer_lm.py`.
+//!
+//! Counters, from the first `--new` call after a warm-up of 2 tokens (which compiles the
+//! prefill and the first steps): `syncs_per_token`, this workspace's read-backs and device syncs
+//! in steps 3…`--new` (the generation loop's, one per step for its ids, and attention-core's
+//! caches') per token of a row; `compiles_in_steady_state`, kernels compiled and autotune passes
+//! in those steps (cubecl's log, `attention_backends::compiles`). `launches_per_token` is not
+//! counted: cubecl 0.10 has no launch counter outside its profiler.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use attention_backends::{BackendName, OnBackend};
-use attention_bench::process::{median, run_on};
+use attention_backends::{BackendName, FloatType, OnBackend, compiles};
+use attention_bench::process::{median, run_on_in};
 use burn::prelude::*;
 use clap::Parser;
 use hf_models::{CausalLm, GenerateConfig, Prompts};
@@ -43,6 +50,9 @@ struct Args {
     /// Threads of every pool (rayon's, matrixmultiply's).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     threads: Option<u16>,
+    /// The float type the backend computes in (the checkpoint's weights are converted to it).
+    #[arg(long, value_enum, default_value_t = FloatType::F32)]
+    dtype: FloatType,
 }
 
 #[derive(serde::Serialize)]
@@ -50,6 +60,9 @@ struct Record<'a> {
     #[serde(rename = "impl")]
     implementation: &'static str,
     backend: &'a str,
+    dtype: &'static str,
+    /// The shader compiler of the backend's kernels; `null` on the CPU backends.
+    compiler: Option<&'static str>,
     batch: usize,
     prompt: usize,
     new: usize,
@@ -60,11 +73,17 @@ struct Record<'a> {
     total_ms: f64,
     total_ms_range: [f64; 2],
     decode_tokens_per_s: f64,
+    syncs_per_token: f64,
+    compiles_in_steady_state: u64,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    run_on(args.threads, args.backend, Bench(&args))
+    if let Err(error) = compiles::install() {
+        eprintln!("error: could not count compilations: {error}");
+        return ExitCode::from(2);
+    }
+    run_on_in(args.threads, args.backend, args.dtype, Bench(&args))
 }
 
 /// The benchmark on the backend `--backend` names.
@@ -86,19 +105,30 @@ impl OnBackend for Bench<'_> {
                 .collect();
             let prompts = Prompts::from_padded(&ids, &vec![1; ids.len()], [batch, args.prompt])
                 .map_err(|e| e.to_string())?;
-            let time_generate = |new_tokens: usize| -> Result<f64, String> {
+            // The time of a call, and its read-backs and syncs.
+            let time_generate = |new_tokens: usize| -> Result<(f64, usize), String> {
                 let config = GenerateConfig {
                     eos_token_ids: Vec::new(),
-                    ..GenerateConfig::greedy(&model, new_tokens)
+                    ..model.greedy(new_tokens)
                 };
+                let syncs = attention_core::device_syncs();
                 let start = Instant::now();
-                model
+                let generation = model
                     .generate(&prompts, &config, &device)
                     .map_err(|e| e.to_string())?;
-                Ok(start.elapsed().as_secs_f64() * 1e3)
+                let ms = start.elapsed().as_secs_f64() * 1e3;
+                let syncs = attention_core::device_syncs() - syncs;
+                Ok((ms, generation.reads + syncs as usize))
             };
-            time_generate(2)?; // warm-up
             let new = args.new as usize;
+            // Warm-up: the prefill and the first two steps compile their kernels.
+            let (_, syncs_of_two) = time_generate(2)?;
+            let compiled = compiles::counted();
+            let (_, syncs_of_all) = time_generate(new)?;
+            let compiles_in_steady_state = compiles::counted().total() - compiled.total();
+            let syncs_per_token =
+                (syncs_of_all - syncs_of_two) as f64 / (new.saturating_sub(2).max(1)) as f64;
+            let time_generate = |new_tokens| time_generate(new_tokens).map(|(ms, _)| ms);
             let mut prefill = (0..args.repeats)
                 .map(|_| time_generate(1))
                 .collect::<Result<Vec<_>, _>>()?;
@@ -109,6 +139,8 @@ impl OnBackend for Bench<'_> {
             let record = Record {
                 implementation: "ours",
                 backend,
+                dtype: args.dtype.name(),
+                compiler: args.backend.compiler(),
                 batch,
                 prompt: args.prompt,
                 new,
@@ -119,6 +151,8 @@ impl OnBackend for Bench<'_> {
                 total_ms,
                 total_ms_range: [total[0], total[total.len() - 1]],
                 decode_tokens_per_s: (batch * (new - 1)) as f64 / ((total_ms - prefill_ms) / 1e3),
+                syncs_per_token,
+                compiles_in_steady_state,
             };
             println!(
                 "{}",

@@ -4,14 +4,16 @@
 //! - [`BackendName`]: the list, as every binary's `--backend` flag takes it.
 //! - [`dispatch`]: runs code generic over the backend ([`OnBackend`]) on the one a name picks.
 //! - [`backend_tests!`]: instantiates generic test bodies on every backend.
+//! - [`compiles`]: what cubecl compiles and tunes, counted from its log.
 //!
 //! Adding a backend: a variant of [`BackendName`], its arm in [`dispatch`], its module in
 //! [`backend_tests!`] — and, where one of attention-core's kernels runs on it, its line in the
-//! kernel list of `attention-core/src/kernels/mod.rs` (a test of attention-core's checks the two
+//! kernel list of `attention-core/src/kernels/backends.rs` (a test of attention-core's checks the two
 //! lists against each other).
 #![warn(missing_docs)]
 
 pub mod compare;
+pub mod compiles;
 
 use thiserror::Error;
 

@@ -16,7 +16,7 @@ mod text;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use attention_backends::{BackendName, NoAdapter, OnBackend, dispatch};
+use attention_backends::{BackendName, DispatchError, FloatType, OnBackend, dispatch_in};
 use burn::prelude::*;
 use clap::Parser;
 use hf_models::{CausalLm, GenerateConfig, GenerateError, LoadError, Sampling};
@@ -30,7 +30,7 @@ enum CliError {
     #[error(transparent)]
     Generate(#[from] GenerateError),
     #[error(transparent)]
-    NoAdapter(#[from] NoAdapter),
+    Dispatch(#[from] DispatchError),
     #[error(transparent)]
     Output(#[from] tensor_files::OutputError),
     #[error(transparent)]
@@ -59,6 +59,10 @@ struct Cli {
     new_tokens: usize,
     #[arg(long, value_enum, default_value_t = BackendName::Flex)]
     backend: BackendName,
+    /// The float type the backend computes in; the checkpoint's weights (f32, bf16, f16) are
+    /// converted to it.
+    #[arg(long, value_enum, default_value_t = FloatType::F32)]
+    dtype: FloatType,
     /// Sample at this temperature instead of choosing the most likely token.
     #[arg(long, allow_negative_numbers = true)]
     temperature: Option<f64>,
@@ -89,14 +93,14 @@ impl Cli {
     fn generate_config<B: Backend>(&self, model: &CausalLm<B>) -> GenerateConfig {
         GenerateConfig {
             sampling: self.sampling(),
-            ..GenerateConfig::greedy(model, self.new_tokens)
+            ..model.greedy(self.new_tokens)
         }
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match dispatch(cli.backend, Run(&cli))
+    match dispatch_in(cli.backend, cli.dtype, Run(&cli))
         .map_err(CliError::from)
         .and_then(|done| done)
     {
