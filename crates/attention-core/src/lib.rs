@@ -30,7 +30,7 @@
 //!   alone, on projections a model made itself.
 //! - [`mask`]: causal and key-padding masks.
 //! - [`Kernel`]: the attention kernels of this crate's own and the backends they run on, all
-//!   named in one place (`kernels/mod.rs`); `kernels/cpu/` is the CPU kernel behind the fused
+//!   named in one place (`kernels/backends.rs`); `kernels/cpu/` is the CPU kernel behind the fused
 //!   path on ndarray and burn-flex, with its own backward pass.
 //! - [`KvCache`]: incremental decoding (`cache.rs`).
 //! - [`projection`] and [`activation`]: the products and nonlinearities of the models built on

@@ -457,7 +457,7 @@ fn cache_growth_keeps_every_position() {
     }
 }
 
-/// The binaries' `--backend` list against the one list of kernel backends (`src/kernels/mod.rs`):
+/// The binaries' `--backend` list against the one list of kernel backends (`src/kernels/backends.rs`):
 /// a backend added to either without the other fails here (the match is exhaustive).
 #[test]
 fn every_backend_of_the_binaries_has_the_kernel_the_kernel_list_gives_it() {

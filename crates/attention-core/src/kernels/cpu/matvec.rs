@@ -3,8 +3,7 @@
 //!
 //! Burn's matmul hands a `[rows, in] × [in, out]` product to `gemm` (flex) or `matrixmultiply`
 //! (ndarray), which pack the weight matrix into their tile layout on every call: at one to eight
-//! rows that packing is most of the work (BENCHMARKS.md, "Where we stand": 44 % of a flex decode
-//! step in `gemm`'s packing), and the product runs on one thread. Here each weight is read once,
+//! rows that packing is most of the work, and the product runs on one thread. Here each weight is read once,
 //! in place, by one task per piece of the weight.
 
 use rayon::prelude::*;

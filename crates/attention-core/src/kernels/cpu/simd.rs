@@ -5,7 +5,7 @@
 //!
 //! Safe Rust here is compiled for baseline x86-64 (SSE2), and `matrixmultiply`'s `sgemm` stops
 //! at AVX2: on a CPU with two AVX-512 FMA ports both leave half the machine idle. This is the
-//! one module of the crate that opts into `unsafe` (README, "Contributing"): its public items
+//! one module of the crate that opts into `unsafe` (CONTRIBUTING.md): its public items
 //! take ndarray views and slices, check what the unsafe calls rely on, and are tested against
 //! the safe reference on sizes that are not multiples of the vector width.
 
