@@ -1,0 +1,414 @@
+//! Causal flash attention on the CPU over plain slices: forward with an online softmax over key
+//! blocks, backward recomputing each block from the saved log-sum-exp (FlashAttention-2's
+//! scheme). Key blocks wholly above the causal diagonal, or wholly before a sliding window, are
+//! never touched, and no `[queries, keys]` matrix larger than one block ever exists.
+//!
+//! Tensors are row-major `[batch, seq, heads, head_dim]` — the projections' `[batch, seq,
+//! width]` output as it is, so that neither the head split nor the merge copies anything. Keys
+//! and values may have fewer heads than queries (grouped-query attention): query head `i` reads
+//! key/value head `i / (heads / kv_heads)`. A group's query heads are stacked into one matrix,
+//! so each block of their shared keys and values enters one product for the whole group; the
+//! backward pass sums a group's key and value gradients into that head's one buffer, and deals
+//! a pair's key blocks to several tasks when the (sequence, key/value head) pairs are fewer than
+//! the threads. The block products and the softmax loops run at the CPU's full vector width
+//! ([`simd`](super::simd), picked at run time).
+//!
+//! - this file: the float types, the shapes and masks ([`Dims`]), the score rule, the inputs
+//! - `forward.rs`: [`forward`], blocks of queries, or heads and key splits when decoding
+//! - `backward.rs`: [`backward`], per (sequence, key/value head) group over key blocks
+//! - `tests.rs`: the kernel against the formula computed densely in `f64`
+
+use ndarray::{ArrayView2, ArrayViewMut2, Axis, ShapeBuilder, Slice};
+
+use super::simd::{self, mat_mul};
+
+mod backward;
+mod forward;
+#[cfg(test)]
+mod tests;
+
+pub use backward::backward;
+pub use forward::forward;
+
+/// Queries per block: the unit of parallel work in the forward pass.
+pub(super) const QUERY_BLOCK: usize = 64;
+/// Keys per block. With 64-wide heads a `64 × 128` block of scores (32 KiB in `f32`) and the
+/// block's keys and values stay in a core's L2 cache.
+pub(super) const KEY_BLOCK: usize = 128;
+
+/// The float types the kernel computes in.
+pub trait KernelFloat:
+    num_traits::Float + ndarray::LinalgScalar + Send + Sync + std::fmt::Debug + 'static
+{
+    /// The largest element, `-inf` for none.
+    fn max_of(xs: &[Self]) -> Self;
+
+    /// `x ← exp(x − shift)` for every element; returns their sum.
+    fn exp_shifted_sum(xs: &mut [Self], shift: Self) -> Self;
+}
+
+impl KernelFloat for f64 {
+    fn max_of(xs: &[Self]) -> Self {
+        xs.iter().copied().fold(Self::NEG_INFINITY, Self::max)
+    }
+
+    fn exp_shifted_sum(xs: &mut [Self], shift: Self) -> Self {
+        // The f64 path serves gradient checks against finite differences: full precision.
+        xs.iter_mut().fold(0.0, |sum, x| {
+            *x = (*x - shift).exp();
+            sum + *x
+        })
+    }
+}
+
+impl KernelFloat for f32 {
+    fn max_of(xs: &[Self]) -> Self {
+        simd::max_f32(xs)
+    }
+
+    fn exp_shifted_sum(xs: &mut [Self], shift: Self) -> Self {
+        simd::exp_shifted_sum_f32(xs, shift)
+    }
+}
+
+/// The sizes of one attention call.
+///
+/// Query `i` (counted from the first new query) is the position `p = i + keys − queries` of the
+/// sequence and sees keys `0 ..= p` (the causal mask aligned bottom-right), and with a window
+/// only the last `window` of them, `p + 1 − window ..= p`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    /// Sequences in the batch.
+    pub batch: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key and value heads; divides `heads`.
+    pub kv_heads: usize,
+    /// Query positions (the last `queries` of the sequence).
+    pub queries: usize,
+    /// Key (and value) positions.
+    pub keys: usize,
+    /// Features per head.
+    pub head_dim: usize,
+    /// Keys each query sees at most, its own included; `None`: every earlier one.
+    pub window: Option<usize>,
+}
+
+impl Dims {
+    fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    fn kv_width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Query heads per key/value head.
+    fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    /// How many keys precede the first query.
+    fn offset(&self) -> usize {
+        self.keys - self.queries
+    }
+
+    /// Elements of a `[batch, queries, heads, head_dim]` tensor.
+    pub fn query_len(&self) -> usize {
+        self.batch * self.queries * self.width()
+    }
+
+    /// Elements of a `[batch, keys, kv_heads, head_dim]` tensor.
+    pub fn key_len(&self) -> usize {
+        self.batch * self.keys * self.kv_width()
+    }
+
+    /// The exclusive end of the keys that queries `..end` see.
+    fn visible_keys(&self, end: usize) -> usize {
+        end + self.offset()
+    }
+
+    /// The first key that query `row` sees (0 without a window).
+    fn first_visible_key(&self, row: usize) -> usize {
+        self.window
+            .map_or(0, |window| (row + self.offset() + 1).saturating_sub(window))
+    }
+
+    /// The exclusive end of the queries that see some key before `end` (all without a window).
+    fn queries_seeing_keys_before(&self, end: usize) -> usize {
+        self.window.map_or(self.queries, |window| {
+            (end + window - 1)
+                .saturating_sub(self.offset())
+                .min(self.queries)
+        })
+    }
+
+    /// Copies the query heads that read key/value head `kv_head` (its group), at query
+    /// positions `positions` of sequence `batch`, out of a `[batch, queries, heads, head_dim]`
+    /// tensor into `stacked`, position-major: row `t · group + m` is the group's `m`-th head at
+    /// position `positions.start + t`. At one position a group's heads are adjacent, so each
+    /// position is one contiguous copy.
+    ///
+    /// # Shapes
+    /// - `stacked`: `[positions.len() · group, head_dim]`, row-major
+    fn gather_group<E: Copy>(
+        &self,
+        data: &[E],
+        batch: usize,
+        kv_head: usize,
+        positions: std::ops::Range<usize>,
+        stacked: &mut [E],
+    ) {
+        let span = self.group() * self.head_dim;
+        for (position, rows) in positions.zip(stacked.chunks_mut(span)) {
+            let start = (batch * self.queries + position) * self.width() + kv_head * span;
+            rows.copy_from_slice(&data[start..start + span]);
+        }
+    }
+
+    /// The inverse of [`Dims::gather_group`] for a stretch of positions: writes stacked rows
+    /// back into `data`, a `[positions, heads, head_dim]` stretch, from element `offset` of each
+    /// position on (`first head of the group · head_dim`).
+    fn scatter_group<E: Copy>(&self, stacked: &[E], offset: usize, data: &mut [E]) {
+        let span = self.group() * self.head_dim;
+        for (rows, position) in stacked.chunks(span).zip(data.chunks_mut(self.width())) {
+            position[offset..offset + span].copy_from_slice(rows);
+        }
+    }
+
+    /// Query positions per block product: a group's heads are stacked, so a product takes
+    /// `QUERY_BLOCK / group` positions (at least one), which keeps every product of the kernel
+    /// as small as a `QUERY_BLOCK × KEY_BLOCK` one, whatever the group size.
+    fn positions_per_product(&self) -> usize {
+        (QUERY_BLOCK / self.group()).max(1)
+    }
+}
+
+/// How a head's scores are made from `q · k`, and what joins their softmax besides the keys.
+///
+/// `s = scale · q · k`, then `c · tanh(s / c)` with a soft-cap `c` (Gemma 2), then the mask; the
+/// softmax's denominator is `Σ exp(s) + exp(sink)` with a sink (gpt-oss, StreamingLLM): the sink
+/// takes a share of the weight and contributes no value.
+#[derive(Debug, Clone, Copy)]
+pub struct Scoring<'a, E> {
+    /// Multiplies `q · k`.
+    pub scale: E,
+    /// The soft-cap `c > 0` of the scaled scores, if any.
+    pub softcap: Option<E>,
+    /// One logit per query head: `[heads]`.
+    pub sinks: Option<&'a [E]>,
+}
+
+impl<E: KernelFloat> Scoring<'_, E> {
+    /// `1 / √head_dim`, no soft-cap, no sinks: the chapter's attention.
+    pub fn plain(head_dim: usize) -> Self {
+        Self {
+            scale: E::from(head_dim).expect("a small integer").sqrt().recip(),
+            softcap: None,
+            sinks: None,
+        }
+    }
+}
+
+/// What the forward pass returns.
+#[derive(Debug, Clone)]
+pub struct Forward<E> {
+    /// `[batch, queries, heads, head_dim]`
+    pub output: Vec<E>,
+    /// `log Σ exp(scores)` per query and head (the sink's term included), `-inf` where every
+    /// key is masked and there is no sink: `[batch, queries, heads]`. The backward pass rebuilds
+    /// the weights from it.
+    pub log_sum_exp: Vec<E>,
+}
+
+/// Gradients of the three inputs.
+#[derive(Debug, Clone)]
+pub struct Gradients<E> {
+    /// `[batch, queries, heads, head_dim]`
+    pub query: Vec<E>,
+    /// `[batch, keys, kv_heads, head_dim]`
+    pub key: Vec<E>,
+    /// `[batch, keys, kv_heads, head_dim]`
+    pub value: Vec<E>,
+    /// The sinks' gradient, if the call has sinks: `[heads]`.
+    pub sinks: Option<Vec<E>>,
+}
+
+/// Where each sequence's keys (and values) lie in the key and value buffers: rows
+/// `first .. first + keys` of the sequence's `per_sequence` rows. A cache's storage holds more
+/// positions than one call reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRows {
+    /// The first row read.
+    pub first: usize,
+    /// Rows per sequence in the buffers.
+    pub per_sequence: usize,
+}
+
+impl KeyRows {
+    /// Exactly `keys` rows per sequence, all read.
+    pub fn packed(dims: &Dims) -> Self {
+        Self {
+            first: 0,
+            per_sequence: dims.keys,
+        }
+    }
+}
+
+/// The inputs of one attention call.
+///
+/// # Shapes
+/// - `query`: `[batch, queries, heads, head_dim]`
+/// - `key`, `value`: `[batch, key_rows.per_sequence, kv_heads, head_dim]`, of which rows
+///   `key_rows.first ..` are the call's `keys`
+/// - `key_padding`: `[batch, keys]`, `true` = padding (never attended to)
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a, E> {
+    /// Sizes.
+    pub dims: Dims,
+    /// Queries.
+    pub query: &'a [E],
+    /// Keys.
+    pub key: &'a [E],
+    /// Values.
+    pub value: &'a [E],
+    /// Where the keys and values of each sequence lie in `key` and `value`.
+    pub key_rows: KeyRows,
+    /// Keys never attended to.
+    pub key_padding: Option<&'a [bool]>,
+    /// Scale, soft-cap and sinks.
+    pub scoring: Scoring<'a, E>,
+}
+
+impl<'a, E: KernelFloat> Inputs<'a, E> {
+    /// The inputs of a call whose key and value buffers hold exactly its `keys` rows per
+    /// sequence.
+    pub fn packed(
+        dims: Dims,
+        [query, key, value]: [&'a [E]; 3],
+        key_padding: Option<&'a [bool]>,
+    ) -> Self {
+        Self {
+            dims,
+            query,
+            key,
+            value,
+            key_rows: KeyRows::packed(&dims),
+            key_padding,
+            scoring: Scoring::plain(dims.head_dim),
+        }
+    }
+
+    /// These inputs with `scoring` instead of the chapter's.
+    pub fn with_scoring(self, scoring: Scoring<'a, E>) -> Self {
+        Self { scoring, ..self }
+    }
+
+    /// Checks that every buffer has the length its shape says.
+    fn check(&self) {
+        let dims = self.dims;
+        assert!(
+            dims.queries <= dims.keys,
+            "more queries than keys: {dims:?}"
+        );
+        assert!(
+            dims.kv_heads > 0 && dims.heads.is_multiple_of(dims.kv_heads),
+            "kv heads must divide heads: {dims:?}"
+        );
+        assert!(dims.window != Some(0), "a window of 0 keys: {dims:?}");
+        assert_eq!(
+            self.query.len(),
+            dims.query_len(),
+            "query buffer for {dims:?}"
+        );
+        let rows = self.key_rows;
+        assert!(
+            rows.first + dims.keys <= rows.per_sequence,
+            "keys past the buffers' rows: {rows:?}, {dims:?}"
+        );
+        let key_len = dims.batch * rows.per_sequence * dims.kv_width();
+        assert_eq!(self.key.len(), key_len, "key buffer for {dims:?}, {rows:?}");
+        assert_eq!(
+            self.value.len(),
+            key_len,
+            "value buffer for {dims:?}, {rows:?}"
+        );
+        if let Some(padding) = self.key_padding {
+            assert_eq!(
+                padding.len(),
+                dims.batch * dims.keys,
+                "padding for {dims:?}"
+            );
+        }
+        if let Some(sinks) = self.scoring.sinks {
+            assert_eq!(sinks.len(), dims.heads, "sinks for {dims:?}");
+        }
+    }
+
+    /// The `[keys, head_dim]` view of key/value head `kv_head` of sequence `batch` in `data`
+    /// (the key or the value buffer).
+    fn key_view<'d>(&self, data: &'d [E], batch: usize, kv_head: usize) -> ArrayView2<'d, E> {
+        let (dims, rows) = (self.dims, self.key_rows);
+        let start =
+            ((batch * rows.per_sequence + rows.first) * dims.kv_heads + kv_head) * dims.head_dim;
+        let shape = (dims.keys, dims.head_dim).strides((dims.kv_width(), 1));
+        ArrayView2::from_shape(shape, &data[start..]).expect("the buffer holds the tensor")
+    }
+
+    /// `scale · q kᵀ` (soft-capped, with a soft-cap) for a block of stacked query rows and key
+    /// columns `cols` of one key/value head, with masked entries (above the diagonal, before the
+    /// window, or padding) set to `-inf`.
+    ///
+    /// The query rows are a group's heads stacked position-major (see [`Dims::gather_group`]):
+    /// row `r` is query position `first_row + r / group`.
+    ///
+    /// # Shapes
+    /// - `query`: `[positions · group, head_dim]`, `key`: `[keys, head_dim]`
+    /// - `scores`: `[positions · group, cols.len()]`, overwritten
+    fn masked_scores(
+        &self,
+        batch: usize,
+        query: &ArrayView2<E>,
+        key: &ArrayView2<E>,
+        first_row: usize,
+        cols: std::ops::Range<usize>,
+        scores: &mut ArrayViewMut2<E>,
+    ) {
+        let dims = self.dims;
+        let key_block = key.slice_axis(Axis(0), Slice::from(cols.clone()));
+        mat_mul(self.scoring.scale, query, &key_block.t(), E::zero(), scores);
+        if let Some(cap) = self.scoring.softcap {
+            let inverse = cap.recip();
+            scores.mapv_inplace(|s| cap * (s * inverse).tanh());
+        }
+        let padding = self
+            .key_padding
+            .map(|padding| &padding[batch * dims.keys + cols.start..batch * dims.keys + cols.end]);
+        for (r, mut scores) in scores.rows_mut().into_iter().enumerate() {
+            let row = first_row + r / dims.group();
+            // Keys from `first_hidden` on lie above the diagonal for this query.
+            let first_hidden = dims.visible_keys(row + 1).saturating_sub(cols.start);
+            let row_scores = scores.as_slice_mut().expect("scores are row-major");
+            if first_hidden < row_scores.len() {
+                row_scores[first_hidden..].fill(E::neg_infinity());
+            }
+            // Keys before `first_visible` have left this query's window.
+            let first_visible = dims.first_visible_key(row).saturating_sub(cols.start);
+            let too_old = first_visible.min(row_scores.len());
+            row_scores[..too_old].fill(E::neg_infinity());
+            if let Some(padding) = padding {
+                for (score, &padded) in row_scores.iter_mut().zip(padding) {
+                    if padded {
+                        *score = E::neg_infinity();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A row-major `[rows, cols]` matrix over the front of a scratch buffer.
+pub(super) fn block_matrix<E>(buffer: &mut [E], rows: usize, cols: usize) -> ArrayViewMut2<'_, E> {
+    ArrayViewMut2::from_shape((rows, cols), &mut buffer[..rows * cols])
+        .expect("the scratch buffer holds one block")
+}
