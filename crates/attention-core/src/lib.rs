@@ -20,7 +20,7 @@
 //! assert_eq!(trace.weights.dims(), [1, 2, 6, 6]);
 //! ```
 //!
-//! - [`MultiHeadAttentionConfig`] / [`MultiHeadAttention`]: the layer (`mha.rs`). Every
+//! - [`MultiHeadAttentionConfig`] / [`MultiHeadAttention`]: the layer (`mha/`). Every
 //!   variant of the queries and keys — grouped heads, [`RopeConfig`] (over all of a head or its
 //!   first `rotary_dim` features, `rope.rs`), [`QkNormConfig`] (RMSNorms per head or over the
 //!   projected width, `qk_norm.rs`) — is applied in its one projection step, before any attention
@@ -52,7 +52,10 @@ mod rope;
 mod route;
 pub mod weights;
 
-pub use attend::{AttentionPath, causal_attention, masked_softmax};
+pub use attend::{AttentionPath, causal_attention};
+/// The explicit path's softmax, for tests that rebuild a reference from it.
+#[doc(hidden)]
+pub use attend::masked_softmax;
 pub use cache::KvCache;
 pub use error::AttentionError;
 pub use kernels::Kernel;

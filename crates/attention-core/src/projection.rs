@@ -5,21 +5,28 @@
 //! (`kernels/cpu/products_op.rs`: a training step's larger products on `gemm`, the weights read
 //! in place); everywhere else, Burn's `Linear` and `matmul`.
 //!
-//! The packed weights are kept until their parameter is replaced or dropped: about one more copy
-//! of the weights in memory while a model runs ([`release_packed_weights`] frees it).
+//! The packed weights are kept by the module that makes the call, in a [`PackedWeightsCache`]
+//! beside its `Linear`s: about one more copy of the weights in memory while a model runs,
+//! dropped with the model ([`PackedWeightsCache::clear`] frees it sooner). On other backends the
+//! cache stays empty.
 
 use burn::nn::Linear;
 use burn::prelude::*;
 
 use crate::kernels;
+pub use crate::kernels::cpu::PackedWeightsCache;
 
-/// [`Linear::forward`]: `x · weight + bias`.
+/// [`Linear::forward`]: `x · weight + bias`, its weight packed in `packed` on a CPU backend.
 ///
 /// # Shapes
 /// - `x`: `[..., in]`
 /// - output: `[..., out]`
-pub fn linear<B: Backend, const D: usize>(layer: &Linear<B>, x: Tensor<B, D>) -> Tensor<B, D> {
-    match linears_on_host([layer], &x) {
+pub fn linear<B: Backend, const D: usize>(
+    layer: &Linear<B>,
+    x: Tensor<B, D>,
+    packed: &PackedWeightsCache,
+) -> Tensor<B, D> {
+    match linears_on_host([layer], &x, packed) {
         Some([output]) => output,
         None => layer.forward(x),
     }
@@ -27,7 +34,8 @@ pub fn linear<B: Backend, const D: usize>(layer: &Linear<B>, x: Tensor<B, D>) ->
 
 /// `N` [`linear`]s of one input (a layer's queries, keys and values; a gated MLP's gate and up
 /// projections) as one call on a CPU backend (bare or under `Autodiff`), or `None` where each is
-/// Burn's: call [`linear`] for each then, as it is needed.
+/// Burn's: call [`linear`] for each then, as it is needed. The weights are packed side by side
+/// in `packed`.
 ///
 /// # Shapes
 /// - `x`: `[..., in]`
@@ -35,6 +43,7 @@ pub fn linear<B: Backend, const D: usize>(layer: &Linear<B>, x: Tensor<B, D>) ->
 pub fn linears_on_host<B: Backend, const D: usize, const N: usize>(
     layers: [&Linear<B>; N],
     x: &Tensor<B, D>,
+    packed: &PackedWeightsCache,
 ) -> Option<[Tensor<B, D>; N]> {
     let weights = layers.map(|layer| layer.weight.val());
     let biases = layers.map(|layer| layer.bias.as_ref().map(|bias| bias.val()));
@@ -43,28 +52,24 @@ pub fn linears_on_host<B: Backend, const D: usize, const N: usize>(
         let (weight, bias) = pairs.next().expect("N weights");
         (weight, bias.as_ref())
     });
-    on_host(x, pairs)
+    on_host(x, pairs, packed)
 }
 
-/// `x · weight`, `weight` in any layout: e.g. an embedding table's transpose, a tied LM head.
+/// `x · weight`, `weight` in any layout: e.g. an embedding table's transpose, a tied LM head;
+/// packed in `packed` on a CPU backend.
 ///
 /// # Shapes
 /// - `x`: `[..., in]`, `weight`: `[in, out]`
 /// - output: `[..., out]`
-pub fn matmul<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 2>) -> Tensor<B, D> {
-    match on_host(&x, [(&weight, None)]) {
+pub fn matmul<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+    packed: &PackedWeightsCache,
+) -> Tensor<B, D> {
+    match on_host(&x, [(&weight, None)], packed) {
         Some([output]) => output,
         None => x.matmul(weight.unsqueeze()),
     }
-}
-
-/// Frees the packed copies of weights that products on a CPU backend made
-/// (`kernels/cpu/packed.rs`): each also holds its weight's buffer. Copies of weights that no
-/// tensor holds any more (a dropped model, parameters an optimizer step replaced) are freed at
-/// the next packing anyway; this frees them now, and the weights in use are packed again at
-/// their next product.
-pub fn release_packed_weights() {
-    kernels::cpu::release_packed_weights();
 }
 
 /// The products on the CPU kernel (under `Autodiff` with their own backward), or `None` where
@@ -72,8 +77,9 @@ pub fn release_packed_weights() {
 fn on_host<B: Backend, const D: usize, const N: usize>(
     x: &Tensor<B, D>,
     weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
+    packed: &PackedWeightsCache,
 ) -> Option<[Tensor<B, D>; N]> {
-    kernels::host_products(x, weights)
+    kernels::host_products(x, weights, packed)
 }
 
 #[cfg(test)]
@@ -98,12 +104,14 @@ mod tests {
     fn linear_is_burns_linear() {
         let device = Default::default();
         let layers = [48, 40, 7].map(|width| LinearConfig::new(48, width).init::<Flex>(&device));
+        let (alone, together_packed) = (PackedWeightsCache::default(), Default::default());
         for dims in [[1, 1, 48], [2, 4, 48], [1, 65, 48], [8, 65, 48]] {
             let x = Tensor::<Flex, 3>::random(dims, Distribution::Normal(0.0, 1.0), &device);
-            let together = linears_on_host(layers.each_ref(), &x).expect("bare flex");
+            let together =
+                linears_on_host(layers.each_ref(), &x, &together_packed).expect("bare flex");
             for (layer, together) in layers.iter().zip(together) {
                 let burns = layer.forward(x.clone());
-                let difference = max_difference(linear(layer, x.clone()), burns.clone());
+                let difference = max_difference(linear(layer, x.clone(), &alone), burns.clone());
                 assert!(difference <= 1e-5, "{dims:?}: {difference}");
                 let difference = max_difference(together, burns);
                 assert!(difference <= 1e-5, "{dims:?} together: {difference}");
@@ -157,7 +165,8 @@ mod tests {
                         .expect("3 outputs")
                 };
                 // One graph at a time: a backward pass frees the graph it shares parameters with.
-                let ours = linears_on_host(layers.each_ref(), &x).expect("a CPU backend");
+                let packed = PackedWeightsCache::default();
+                let ours = linears_on_host(layers.each_ref(), &x, &packed).expect("a CPU backend");
                 let our_outputs = ours.clone().map(|output| output.inner());
                 let ours = loss(ours).backward();
                 let burns = layers.each_ref().map(|layer| layer.forward(x.clone()));
@@ -208,14 +217,16 @@ mod tests {
             let layer = LinearConfig::new(16, 40).init::<B>(&device);
             let normal = Distribution::Normal(0.0, 1.0);
             let x = Tensor::<B::InnerBackend, 2>::random([rows, 16], normal, &device);
-            let before = linear(&layer.valid(), x.clone());
+            // One cache for the layer throughout, as a module would keep it.
+            let packed = PackedWeightsCache::default();
+            let before = linear(&layer.valid(), x.clone(), &packed);
             // The training step's products are the CPU products too.
-            let loss = linear(&layer, Tensor::from_inner(x.clone()))
+            let loss = linear(&layer, Tensor::from_inner(x.clone()), &packed)
                 .powi_scalar(2)
                 .sum();
             let gradients = GradientsParams::from_grads(loss.backward(), &layer);
             let layer = SgdConfig::new().init().step(0.5, layer, gradients).valid();
-            let after = linear(&layer, x.clone());
+            let after = linear(&layer, x.clone(), &packed);
             assert!(
                 relative_error(after.clone(), before) > 1e-3,
                 "{rows} rows: the step moved the output"

@@ -114,7 +114,7 @@ impl<B: Backend> DecoderBlock<B> {
 ///
 /// The parts of the model that see one token at a time (a block's MLP and its norms, the final
 /// norm and the LM head) run on `[batch · seq, width]` rows. Besides being the plain shape for
-/// their matrix products, this avoids a fault of Burn 0.21's fusion on wgpu: an RMSNorm read by
+/// their matrix products, this avoids (Burn 0.21 workaround) a fault of Burn 0.21's fusion on wgpu: an RMSNorm read by
 /// the gate and up projections as `[batch ≥ 2, 1, width]` (a decode step of a batch) gave wrong
 /// values for the rows after the first (`crates/hf-models/tests/models/fixtures.rs` runs the padded
 /// batch on wgpu).
@@ -165,6 +165,8 @@ mod tests {
             up: linear(width, 16),
             down: linear(16, width),
             activation: Activation::Silu,
+            packed_gate_up: Default::default(),
+            packed_down: Default::default(),
         });
         // Burn draws parameters lazily, at first use: a clone would draw its own, so the formula
         // below reads the block's own parts.

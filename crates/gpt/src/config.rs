@@ -198,6 +198,8 @@ impl GptConfig {
                     up: linear(d, hidden),
                     down: linear(hidden, d),
                     activation: Activation::Gelu,
+                    packed_gate_up: Default::default(),
+                    packed_down: Default::default(),
                 }),
             )
         };
@@ -210,6 +212,7 @@ impl GptConfig {
             final_norm: layer_norm(),
             lm_head: Some(linear(d, self.vocab_size)),
             logit_softcap: None,
+            packed_lm_head: Default::default(),
         }
     }
 }

@@ -2,7 +2,8 @@
 //! where a family has them), the blocks, a final norm and the LM head, with and without the
 //! blocks' KV caches.
 
-use attention_core::{AttentionError, KvCache, projection};
+use attention_core::projection::{self, PackedWeightsCache};
+use attention_core::{AttentionError, KvCache};
 use burn::nn::{Dropout, Embedding, Linear};
 use burn::prelude::*;
 use thiserror::Error;
@@ -58,6 +59,10 @@ pub struct Decoder<B: Backend> {
     /// they are.
     #[module(skip)]
     pub logit_softcap: Option<f64>,
+    /// The LM head's weight (or the tied embedding's) packed for the CPU products
+    /// (`Default::default()` when built by hand).
+    #[module(skip)]
+    pub packed_lm_head: PackedWeightsCache,
 }
 
 impl<B: Backend> Decoder<B> {
@@ -204,9 +209,12 @@ impl<B: Backend> Decoder<B> {
     /// - output: `[tokens, vocab]`
     fn lm_head(&self, rows: Tensor<B, 2>) -> Tensor<B, 2> {
         let logits = match &self.lm_head {
-            Some(head) => projection::linear(head, rows),
+            Some(head) => projection::linear(head, rows, &self.packed_lm_head),
             // `[vocab, width]`, read in place as `[width, vocab]`
-            None => projection::matmul(rows, self.token_embedding.weight.val().transpose()),
+            None => {
+                let tied = self.token_embedding.weight.val().transpose();
+                projection::matmul(rows, tied, &self.packed_lm_head)
+            }
         };
         match self.logit_softcap {
             Some(cap) => logits.div_scalar(cap).tanh().mul_scalar(cap),

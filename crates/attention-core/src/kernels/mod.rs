@@ -1,6 +1,6 @@
 //! The one seam between the layer and the attention kernels of this crate's own: which backends
 //! have a kernel, the kernels' entry points, and what a kernel keeps between decoding steps. The
-//! layer (`mha.rs`), its cache (`cache.rs`) and the route (`route.rs`) ask this module and name no
+//! layer (`mha/`), its cache (`cache.rs`) and the route (`route.rs`) ask this module and name no
 //! backend.
 //!
 //! | kernel | module | backends (attention-core's cargo feature) |

@@ -11,15 +11,13 @@
 //! keys and values) are packed side by side, as one `[in, q + 2·kv]` matrix, and multiplied as
 //! one.
 //!
-//! Packing is done once per weight buffer, not per call: a packed matrix holds its sources'
-//! buffers (a clone of each tensor), so that while it is in the cache no buffer can be freed
-//! (its address reused by another tensor) or written in place (Burn's CPU backends write in place
-//! only what one tensor alone holds, and copy the rest). A buffer's address then names its
-//! contents: an optimizer step makes new parameter buffers, whose first product packs them anew,
-//! and packed matrices whose sources only the cache still holds are dropped at the next packing.
-//! [`release`] drops them all.
+//! Packing is done once per weight buffer, not per call, and kept by the module that makes the
+//! call ([`PackedWeightsCache`]): a packed matrix holds its sources' buffers (a clone of each
+//! tensor), so that while it is kept no buffer can be freed (its address reused by another
+//! tensor) or written in place (Burn's CPU backends write in place only what one tensor alone
+//! holds, and copy the rest). A buffer's address then names its contents: an optimizer step makes
+//! new parameter buffers, whose first product packs them anew in place of the old copy.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rayon::prelude::*;
@@ -45,53 +43,84 @@ pub(super) struct PackedWeights {
 /// layout and its number of columns.
 type Key = Vec<(usize, usize, Layout, usize)>;
 
-static CACHE: Mutex<Option<HashMap<Key, Arc<PackedWeights>>>> = Mutex::new(None);
+/// The packed copy of the weights of one call of the CPU products (a layer's queries, keys and
+/// values; its output projection; an MLP's gate and up projections), kept by the module that
+/// makes the call and dropped with it.
+///
+/// It holds one packed matrix at a time, for the weights of its call's last product: a product
+/// with other weight buffers (an optimizer step's new parameters) packs them in place of the old
+/// copy, which lets go of the old buffers. Clones of a module share its copy, as they share its
+/// weights' buffers. A module's record holds nothing of it.
+#[derive(Clone, Default)]
+pub struct PackedWeightsCache {
+    slot: Arc<Mutex<Option<Arc<PackedWeights>>>>,
+}
 
-/// The weights packed side by side, from the cache or packed now; `None` where a buffer's
-/// lifetime cannot be followed (see [`HostMatrix::sole_holder`]): read in place then.
+impl PackedWeightsCache {
+    /// Whether the weights of a product are packed here now.
+    pub fn is_packed(&self) -> bool {
+        self.lock().is_some()
+    }
+
+    /// Frees the packed copy (and its hold on the weights' buffers); the next product packs its
+    /// weights again.
+    pub fn clear(&self) {
+        *self.lock() = None;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<PackedWeights>>> {
+        // A panic while the lock was held left the slot whole (every change is one assignment).
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the packed copy holds the buffer `key` names.
+    #[cfg(test)]
+    fn holds(&self, key: (usize, usize, Layout, usize)) -> bool {
+        self.lock()
+            .as_ref()
+            .is_some_and(|packed| packed.key().contains(&key))
+    }
+}
+
+impl std::fmt::Debug for PackedWeightsCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedWeightsCache")
+            .field("packed", &self.is_packed())
+            .finish()
+    }
+}
+
+/// The weights packed side by side, from `cache` or packed now (and kept there); `None` where a
+/// buffer's lifetime cannot be followed (see [`HostMatrix::sole_holder`]): read in place then.
 ///
 /// # Shapes
 /// - each weight: `[k, n_i]`
-pub(super) fn packed(weights: &[&HostMatrix]) -> Option<Arc<PackedWeights>> {
+pub(super) fn packed(
+    weights: &[&HostMatrix],
+    cache: &PackedWeightsCache,
+) -> Option<Arc<PackedWeights>> {
     if weights.iter().any(|weight| weight.sole_holder().is_none()) {
         return None;
     }
     let key: Key = weights.iter().map(|weight| weight.key()).collect();
-    if let Some(packed) = cache().as_ref().and_then(|cache| cache.get(&key)) {
+    let mut slot = cache.lock();
+    if let Some(packed) = slot.as_ref().filter(|packed| packed.key() == key) {
         return Some(packed.clone());
     }
+    // The old copy goes first, so that the replaced weights and their copy are not held beside
+    // the new one while it is packed.
+    *slot = None;
     let packed = Arc::new(PackedWeights::pack(weights));
-    let mut cache = cache();
-    let cache = cache.get_or_insert_with(HashMap::new);
-    // Matrices whose sources only the cache holds now: their parameters have moved on.
-    cache.retain(|_, packed| {
-        !packed
-            .sources
-            .iter()
-            .any(|source| source.sole_holder() == Some(true))
-    });
-    Some(cache.entry(key).or_insert(packed).clone())
-}
-
-/// Drops every packed matrix (and its hold on the weights' buffers).
-pub(crate) fn release() {
-    *cache() = None;
-}
-
-/// Whether a packed matrix holds the buffer `key` names.
-#[cfg(test)]
-fn holds(key: (usize, usize, Layout, usize)) -> bool {
-    cache()
-        .as_ref()
-        .is_some_and(|cache| cache.keys().any(|packed| packed.contains(&key)))
-}
-
-fn cache() -> std::sync::MutexGuard<'static, Option<HashMap<Key, Arc<PackedWeights>>>> {
-    // A panic while the lock was held left the map whole (every change is one call).
-    CACHE.lock().unwrap_or_else(PoisonError::into_inner)
+    *slot = Some(packed.clone());
+    Some(packed)
 }
 
 impl PackedWeights {
+    /// The buffers packed here.
+    fn key(&self) -> Key {
+        self.sources.iter().map(HostMatrix::key).collect()
+    }
+
     fn pack(weights: &[&HostMatrix]) -> Self {
         let k = weights[0].rows();
         let widths: Vec<usize> = weights.iter().map(|weight| weight.columns).collect();
@@ -406,23 +435,37 @@ mod tests {
         }
     }
 
-    /// A weight packed for one call is packed with it held; once every tensor of it is dropped,
-    /// the next packing drops its packed copy (and the buffer with it).
-    fn a_dropped_weight_is_unpacked_at_the_next_packing<B: Backend>() {
+    /// A cache holds the weights of its last product, packed, and their buffers: a product with
+    /// another weight packs that one in place of the first, and once the cache is dropped (with
+    /// the module that owns it) the weight is again the sole holder of its buffer.
+    fn a_cache_holds_its_last_weights_until_dropped<B: Backend>() {
         let device = Default::default();
         let normal = Distribution::Normal(0.0, 1.0);
-        // Sizes no other test uses, so that no other weight has this key.
         let x = Tensor::<B, 2>::random([2, 211], normal, &device);
-        let weight = Tensor::<B, 2>::random([211, 97], normal, &device);
-        let key = HostMatrix::of(&weight).expect("a bare CPU backend").key();
-        crate::kernels::cpu::products(&x, [(&weight, None)], Reuse::Inference)
-            .expect("a bare CPU backend");
-        assert!(holds(key), "packed at its first product");
-        drop(weight);
-        let other = Tensor::<B, 2>::random([211, 98], normal, &device);
-        crate::kernels::cpu::products(&x, [(&other, None)], Reuse::Inference)
-            .expect("a bare CPU backend");
-        assert!(!holds(key), "dropped at the next packing");
+        let first = Tensor::<B, 2>::random([211, 97], normal, &device);
+        let second = Tensor::<B, 2>::random([211, 98], normal, &device);
+        let cache = PackedWeightsCache::default();
+        let product = |weight: Tensor<B, 2>| {
+            // The weight's buffer, held here only: once the tensor is dropped, whether anything
+            // else holds it says whether the cache does.
+            let host = HostMatrix::of(&weight).expect("a bare CPU backend");
+            crate::kernels::cpu::products(&x, [(&weight, None)], Reuse::Inference(&cache))
+                .expect("a bare CPU backend");
+            host
+        };
+        let first = product(first);
+        assert!(cache.holds(first.key()), "packed at its first product");
+        assert_eq!(first.sole_holder(), Some(false), "its buffer held");
+        let second = product(second);
+        assert!(cache.holds(second.key()), "the second weight packed");
+        assert!(!cache.holds(first.key()), "in place of the first");
+        assert_eq!(first.sole_holder(), Some(true), "the first let go");
+        let clone = cache.clone();
+        drop(cache);
+        assert!(clone.is_packed(), "a clone shares the packed copy");
+        assert_eq!(second.sole_holder(), Some(false), "held by the clone");
+        drop(clone);
+        assert_eq!(second.sole_holder(), Some(true), "let go with the cache");
     }
 
     /// A prefill's product packs its weights where they are parameters at inference, and reads
@@ -430,14 +473,19 @@ mod tests {
     fn a_prefill_packs_only_parameters_at_inference<B: Backend>() {
         let device = Default::default();
         let normal = Distribution::Normal(0.0, 1.0);
-        // Sizes no other test uses, so that no other weight has this key.
         let x = Tensor::<B, 2>::random([65, 213], normal, &device);
         let weight = Tensor::<B, 2>::random([213, 99], normal, &device);
         let key = HostMatrix::of(&weight).expect("a bare CPU backend").key();
-        for reuse in [Reuse::Training, Reuse::Once, Reuse::Inference] {
+        let cache = PackedWeightsCache::default();
+        for reuse in [
+            Reuse::Training(&cache),
+            Reuse::Once,
+            Reuse::Inference(&cache),
+        ] {
             crate::kernels::cpu::products(&x, [(&weight, None)], reuse)
                 .expect("a bare CPU backend");
-            assert_eq!(holds(key), reuse == Reuse::Inference, "{reuse:?}");
+            let packed_at_inference = matches!(reuse, Reuse::Inference(_));
+            assert_eq!(cache.holds(key), packed_at_inference, "{reuse:?}");
         }
     }
 
@@ -452,12 +500,12 @@ mod tests {
     }
 
     #[test]
-    fn a_dropped_weight_is_unpacked_at_the_next_packing_on_flex() {
-        a_dropped_weight_is_unpacked_at_the_next_packing::<Flex>();
+    fn a_cache_holds_its_last_weights_until_dropped_on_flex() {
+        a_cache_holds_its_last_weights_until_dropped::<Flex>();
     }
 
     #[test]
-    fn a_dropped_weight_is_unpacked_at_the_next_packing_on_ndarray() {
-        a_dropped_weight_is_unpacked_at_the_next_packing::<NdArray>();
+    fn a_cache_holds_its_last_weights_until_dropped_on_ndarray() {
+        a_cache_holds_its_last_weights_until_dropped::<NdArray>();
     }
 }

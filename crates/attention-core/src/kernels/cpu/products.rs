@@ -20,8 +20,9 @@ use burn::tensor::{DType, TensorData, TensorPrimitive};
 use ndarray::{ArrayView2, ArrayViewMut2, Axis, ShapeBuilder, s};
 use rayon::prelude::*;
 
+use super::matvec;
+use super::packed::{self, PackedWeightsCache};
 use super::simd::{self, MAX_PRODUCT_ROWS};
-use super::{matvec, packed};
 
 /// The products of one input with `N` weights (and their biases), `x · weight + bias` each,
 /// computed here, or `None` (nothing consumed) where Burn's matmul should run them: a backend
@@ -73,22 +74,22 @@ pub(crate) fn products<B: Backend, const D: usize, const N: usize>(
             (&x_copy, Layout::RowMajor)
         }
     };
-    let packed_weights = || {
+    let packed_weights = |cache| {
         let weights: Vec<&HostMatrix> = operands.iter().map(|(weight, _)| weight).collect();
-        packed::packed(&weights)
+        packed::packed(&weights, cache)
     };
     let biases: Vec<Option<&[f32]>> = operands.iter().map(|(_, bias)| bias.as_deref()).collect();
     let outputs: Vec<Vec<f32>> = if rows <= MAX_PRODUCT_ROWS {
         match reuse {
-            Reuse::Inference | Reuse::Training => packed_weights(),
+            Reuse::Inference(cache) | Reuse::Training(cache) => packed_weights(cache),
             Reuse::Once => None,
         }
         .map(|packed| packed.product(x, rows, &biases))
         .unwrap_or_else(|| in_place(x, rows, &operands))
-    } else if let Some(packed) = (reuse == Reuse::Inference && x_layout == Layout::RowMajor)
-        .then(packed_weights)
-        .flatten()
-    {
+    } else if let Some(packed) = match reuse {
+        Reuse::Inference(cache) if x_layout == Layout::RowMajor => packed_weights(cache),
+        _ => None,
+    } {
         packed.product_of_many_rows(x, rows, &biases)
     } else {
         // Each product is parallel already: one block of rows or columns per thread.
@@ -106,16 +107,17 @@ pub(crate) fn products<B: Backend, const D: usize, const N: usize>(
     }))
 }
 
-/// How a product's weights are used after it: what packing them (`packed.rs`) buys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Reuse {
+/// How a product's weights are used after it: what packing them (`packed.rs`) buys, and the
+/// module's cache that keeps them packed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Reuse<'a> {
     /// Parameters that many calls use as they are (a model that prefills and decodes): packed
     /// once, for products of any row count.
-    Inference,
+    Inference(&'a PackedWeightsCache),
     /// Parameters an optimizer step replaces: packed for a decoding step's few rows, where
     /// reading them in place is slowest; more rows run on `gemm`, which packs per call what a
     /// training step would pack anyway, and leaves the optimizer the only holder of its buffers.
-    Training,
+    Training(&'a PackedWeightsCache),
     /// Operands of this product alone (a backward's gradient or transposed weight): read in
     /// place.
     Once,
@@ -356,8 +358,15 @@ mod tests {
     }
 
     /// Every way of reading the weights: packed at every row count, packed for a decoding
-    /// step's rows only (`gemm` for more), in place.
-    const REUSES: [Reuse; 3] = [Reuse::Inference, Reuse::Training, Reuse::Once];
+    /// step's rows only (`gemm` for more), in place; each of the first two keeps its packed
+    /// weights in a cache of its own, which each new weight packs anew.
+    fn reuses(caches: &[PackedWeightsCache; 2]) -> [Reuse<'_>; 3] {
+        [
+            Reuse::Inference(&caches[0]),
+            Reuse::Training(&caches[1]),
+            Reuse::Once,
+        ]
+    }
 
     /// Burn's `x · weight + bias`.
     fn burns<B: Backend>(
@@ -391,6 +400,7 @@ mod tests {
     /// a bias, and inputs long enough that a prefill's panels are taken a few at a time.
     fn equals_burns_product<B: Backend>() {
         let device = Default::default();
+        let caches = Default::default();
         for (rows, k, n) in [
             (1, 1, 1),
             (1, 19, 33),
@@ -410,7 +420,7 @@ mod tests {
             let bias = Tensor::<B, 1>::random([n], Distribution::Normal(0.0, 1.0), &device);
             for weight in [row_major, column_major] {
                 for bias in [None, Some(&bias)] {
-                    for reuse in REUSES {
+                    for reuse in reuses(&caches) {
                         let ours = product(&x, &weight, bias, reuse).expect("a bare CPU backend");
                         let error = error(ours, &x, &weight, bias);
                         assert!(error <= 1e-6, "{rows}x{k}x{n} {reuse:?}: {error}");
@@ -435,6 +445,7 @@ mod tests {
     /// step's rows and a prefill's, every [`Reuse`], and an input that is a transposed view.
     fn several_weights_equal_burns<B: Backend>() {
         let device = Default::default();
+        let caches = Default::default();
         let normal = Distribution::Normal(0.0, 1.0);
         let k = 37;
         let weights = [48, 17, 17].map(|n| Tensor::<B, 2>::random([k, n], normal, &device));
@@ -448,7 +459,7 @@ mod tests {
                     (&weights[1], Some(&biases[1])),
                     (&weights[2], None),
                 ];
-                for reuse in REUSES {
+                for reuse in reuses(&caches) {
                     let outputs = products(&x, pairs, reuse).expect("a bare CPU backend");
                     for (ours, (weight, bias)) in outputs.into_iter().zip(pairs) {
                         let error = error(ours, &x, weight, bias);
@@ -486,7 +497,9 @@ mod tests {
         let weight = Tensor::<NdArray, 2>::ones([16, 24], &device);
         for dims in [[1, 20, 16], [1, 1, 16], [3, 1, 16], [2, 9, 16]] {
             let x = Tensor::<NdArray, 3>::ones(dims, &device);
-            let [output] = products(&x, [(&weight, None)], Reuse::Inference).expect("bare ndarray");
+            let cache = PackedWeightsCache::default();
+            let [output] =
+                products(&x, [(&weight, None)], Reuse::Inference(&cache)).expect("bare ndarray");
             let made = Tensor::<NdArray, 3>::zeros([dims[0], dims[1], 24], &device);
             assert_eq!(strides(output), strides(made), "{dims:?}");
         }
@@ -499,7 +512,7 @@ mod tests {
             let device = Default::default();
             let x = Tensor::<B, 2>::ones([rows, 4], (&device, dtype));
             let weight = Tensor::ones([4, 3], (&device, dtype));
-            product(&x, &weight, None, Reuse::Inference).is_some()
+            product(&x, &weight, None, Reuse::Inference(&Default::default())).is_some()
         }
         assert!(taken::<Flex>(MAX_PRODUCT_ROWS, DType::F32));
         assert!(taken::<Flex>(MAX_PRODUCT_ROWS + 1, DType::F32));
@@ -512,6 +525,7 @@ mod tests {
         let device = Default::default();
         let x = Tensor::<Flex, 2>::ones([2, 4], &device);
         let narrow = Tensor::<Flex, 2>::ones([3, 5], &device);
-        assert!(product(&x, &narrow, None, Reuse::Inference).is_none());
+        let cache = PackedWeightsCache::default();
+        assert!(product(&x, &narrow, None, Reuse::Inference(&cache)).is_none());
     }
 }

@@ -3,10 +3,8 @@
 //! `dx = dy · Wᵀ`, `dW = xᵀ · dy` (both operands read in place, transposed), `db = Σ dy`.
 //!
 //! Burn's `Linear` under `Autodiff` on burn-flex and burn-ndarray runs a training step's
-//! products per batch row and its weight gradient as one product per batch row, summed after:
-//! measured at batch 8 × 128 tokens (`linear-grad-rate`, BENCHMARKS.md), this step takes
-//! ×0.49–0.59 of that time on burn-flex at GPT-2's and SmolLM2's MLP widths and ×0.54–0.87 on
-//! burn-ndarray; at batch 1, where Burn's is one product too, ×0.92–0.98.
+//! products per batch row and its weight gradient as one product per batch row, summed after;
+//! here each is one product over the whole batch (`linear-grad-rate` times both; BENCHMARKS.md).
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -17,6 +15,7 @@ use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn::tensor::ops::FloatTensor;
 
+use super::packed::PackedWeightsCache;
 use super::products::{Reuse, products};
 use crate::kernels::same_type;
 
@@ -35,6 +34,7 @@ pub(crate) fn tracked_products<
 >(
     x: &Tensor<B, D>,
     weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
+    cache: &PackedWeightsCache,
 ) -> Option<[Tensor<B, D>; N]> {
     let x = Tracked::<I, C, D>::of(x);
     let weights = weights.map(|(weight, bias)| {
@@ -46,7 +46,7 @@ pub(crate) fn tracked_products<
         weights
             .each_ref()
             .map(|(weight, bias)| (&weight.inner, bias.as_ref().map(|bias| &bias.inner))),
-        Reuse::Training,
+        Reuse::Training(cache),
     )?;
     let mut weights = weights.into_iter();
     Some(outputs.map(|output| {
