@@ -223,7 +223,7 @@ fn softmax_with_sinks<B: Backend>(
 /// window. Scale left at its default `1/√head_dim`: passing it explicitly sends cubecl to its
 /// slow fallback.
 ///
-/// Burn 0.21's op has two causal conventions: its fallback aligns the mask bottom-right, cubek's
+/// Burn 0.21 workaround. Burn 0.21's op has two causal conventions: its fallback aligns the mask bottom-right, cubek's
 /// flash kernels (which wgpu's autotune may pick) top-left. The op's `is_causal` is therefore
 /// used only where they agree, `queries == keys`; otherwise the causal part travels in the mask,
 /// except for one query after its keys, which sees them all. A scale or soft-cap of `rule` goes to

@@ -291,7 +291,7 @@ impl Checkpoint {
                 layer
             }
         };
-        // Stored anew: transposed (nn.Linear) or narrowed (GPT-2's c_attn, Phi-3's qkv_proj)
+        // Burn 0.21 workaround. Stored anew: transposed (nn.Linear) or narrowed (GPT-2's c_attn, Phi-3's qkv_proj)
         // views give wrong one-token products on Burn 0.21's wgpu backend, i.e. wrong cached
         // decoding.
         for linear in [

@@ -20,7 +20,7 @@
 //! The network itself — blocks, norms, MLPs, caches, the sampler — is the `gpt` crate's; this
 //! crate keeps what is Hugging Face's:
 //!
-//! - `config.rs`: `config.json` read into a [`ModelConfig`]; anything that changes the
+//! - `config/`: `config.json` read into a [`ModelConfig`]; anything that changes the
 //!   computation and is not implemented is an error naming the field. [`rope_scaling`] reads
 //!   transformers' RoPE scaling JSON.
 //! - `checkpoint.rs`: the directory's files (`model.safetensors`, or shards), tensors taken by

@@ -524,7 +524,8 @@ fn assign_norm<B: Backend>(
     }
 }
 
-/// `tensor` copied into storage of its own, in row-major order. On Burn 0.21's wgpu backend a
+/// `tensor` copied into storage of its own, in row-major order (Burn 0.21 workaround). On Burn
+/// 0.21's wgpu backend a
 /// transposed or narrowed view used as a weight gives wrong one-token products (the KV-cached
 /// decoding steps of `hf-models`' fixtures), so inference code stores loaded weights this way.
 pub fn contiguous<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Tensor<B, D> {

@@ -256,7 +256,7 @@ pub(crate) fn cached<B: Backend, Bare: FlashBackend>(inputs: CachedInputs<'_, B>
 /// runs what it has queued, so that no fused optimization spans two steps; the host does not wait
 /// for the device.
 ///
-/// Burn 0.21's fusion, given a layer's steps back to back, optimizes operations of consecutive
+/// Burn 0.21 workaround. Burn 0.21's fusion, given a layer's steps back to back, optimizes operations of consecutive
 /// steps together, and the result is wrong: `cached_decoding_reproduces_the_fixtures` failed on
 /// the fused wgpu backend by up to 1.1 (a layer's output) on four of the nine fixtures, on the
 /// GPU kernel's path and on Burn's attention op alike, while the explicit path, the plain (unfused)
