@@ -33,29 +33,25 @@
 //!   named in one place (`kernels/backends.rs`); `kernels/cpu/` is the CPU kernel behind the fused
 //!   path on ndarray and burn-flex, with its own backward pass.
 //! - [`KvCache`]: incremental decoding (`cache.rs`).
-//! - [`projection`] and [`activation`]: the products and nonlinearities of the models built on
-//!   the layer, on the CPU kernel's host loops where a bare CPU backend runs them.
 //! - [`weights`]: PyTorch state dicts in and out (the chapter's, GPT-2's and Hugging Face Llama's
 //!   layouts, q/k norm weights included).
 #![warn(missing_docs)]
 
-pub mod activation;
 mod attend;
 mod cache;
 mod error;
 mod kernels;
 pub mod mask;
 mod mha;
-pub mod projection;
 mod qk_norm;
 mod rope;
 mod route;
 pub mod weights;
 
-pub use attend::{AttentionPath, causal_attention};
 /// The explicit path's softmax, for tests that rebuild a reference from it.
 #[doc(hidden)]
 pub use attend::masked_softmax;
+pub use attend::{AttentionPath, causal_attention};
 pub use cache::KvCache;
 pub use error::AttentionError;
 pub use kernels::Kernel;

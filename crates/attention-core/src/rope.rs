@@ -15,18 +15,8 @@ use burn::prelude::*;
 use burn::tensor::{DType, Int};
 
 use crate::error::AttentionError;
-use crate::kernels::cpu::rotated_in_place;
-
-/// Which features of a head form the rotated pairs (of its first `rotary_dim` features, with
-/// partial rotary embeddings).
-#[derive(Config, Debug, Copy, PartialEq, Eq)]
-pub enum RopeLayout {
-    /// Feature `i` with feature `i + rotary_dim / 2` (Hugging Face's `rotate_half`): what Hugging
-    /// Face checkpoints of Llama, Qwen2, Mistral and Phi-3 need.
-    Half,
-    /// Features `2i` and `2i + 1` (Meta's original Llama, GPT-J, Burn's `RotaryEncoding`).
-    Interleaved,
-}
+pub use cpu_linalg::RopeLayout;
+use cpu_linalg::rotated_in_place;
 
 /// How the inverse frequencies are rescaled for contexts longer than training's.
 #[derive(Config, Debug, PartialEq)]

@@ -2,10 +2,10 @@
 //! where a family has them), the blocks, a final norm and the LM head, with and without the
 //! blocks' KV caches.
 
-use attention_core::projection::{self, PackedWeightsCache};
 use attention_core::{AttentionError, KvCache};
 use burn::nn::{Dropout, Embedding, Linear};
 use burn::prelude::*;
+use cpu_linalg::projection::{self, PackedWeightsCache};
 use thiserror::Error;
 
 use crate::block::{DecoderBlock, per_token};

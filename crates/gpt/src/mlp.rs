@@ -2,11 +2,11 @@
 //! gated one, `down(act(gate(x)) ⊙ up(x))` — the book's GELU-gated feed-forward and the Llama
 //! family's SwiGLU.
 
-use attention_core::activation::{gelu_tanh, silu};
-use attention_core::projection::{self, PackedWeightsCache};
 use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::activation::gelu;
+use cpu_linalg::activation::{gelu_tanh, silu};
+use cpu_linalg::projection::{self, PackedWeightsCache};
 
 /// An MLP's nonlinearity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

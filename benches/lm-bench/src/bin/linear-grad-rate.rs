@@ -1,5 +1,5 @@
 //! A projection's training step on the CPU: one `Linear`'s forward and backward under `Autodiff`
-//! as Burn's `Linear::forward` records it, beside [`attention_core::projection::linear`], whose
+//! as Burn's `Linear::forward` records it, beside [`cpu_linalg::projection::linear`], whose
 //! node's backward is the CPU products (`dx = dy · Wᵀ`, `dW = xᵀ · dy`, `db = Σ dy`); and the
 //! forward alone on the bare backend, Burn's and the products'. Per shape and round, one JSON line
 //! with the medians, shapes interleaved.
@@ -13,13 +13,13 @@ use std::time::Instant;
 
 use attention_backends::{BackendName, OnBackend};
 use attention_bench::process::{median, run_on};
-use attention_core::projection::{self, PackedWeightsCache};
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use clap::Parser;
+use cpu_linalg::projection::{self, PackedWeightsCache};
 
 /// Times one `Linear` per shape, Burn's against the CPU products.
 #[derive(Debug, Parser)]

@@ -39,13 +39,6 @@ impl Kernel {
         entry::<B>().is_some_and(|entry| entry.keeps_cache)
     }
 
-    /// Whether `B` is a bare CPU backend (ndarray or flex, no `Autodiff`) whose `f32` buffers
-    /// this crate's host loops read and write: a decoding step's projections, the models'
-    /// nonlinearities.
-    pub(crate) fn on_bare_host<B: Backend>() -> bool {
-        Self::of::<B>() == Some(Self::Cpu) && Self::keeps_cache::<B>()
-    }
-
     /// How many attention calls (whole sequences and decoding steps) this kernel has computed on
     /// the calling thread: lets a test or a benchmark see which code ran (per thread, so that
     /// tests running side by side do not count each other's calls).
@@ -166,45 +159,6 @@ pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
         };
     }
     for_each_kernel_backend!(recognise);
-    None
-}
-
-/// The projections' products on the CPU kernel (`cpu/products.rs`) where `B` is a CPU backend of
-/// the list: bare, as they are; under `Autodiff`, recorded with their own backward
-/// (`cpu/products_op.rs`). `None` (nothing consumed) on every other backend, and where the
-/// products do not take the operands (another dtype, a view they cannot read): Burn's matmul
-/// runs them then.
-///
-/// # Shapes
-/// - `x`: `[..., in]`; each weight `[in, out_i]`, each bias `[out_i]`
-/// - outputs: `[..., out_i]`
-pub(crate) fn host_products<B: Backend, const D: usize, const N: usize>(
-    x: &Tensor<B, D>,
-    weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
-    cache: &cpu::PackedWeightsCache,
-) -> Option<[Tensor<B, D>; N]> {
-    use burn::backend::Autodiff;
-    use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, NoCheckpointing};
-    if Kernel::on_bare_host::<B>() {
-        return cpu::products(x, weights, cpu::Reuse::Inference(cache));
-    }
-    macro_rules! tracked {
-        ($inner:ty, cpu, $kernel:expr) => {
-            let id = TypeId::of::<B>();
-            if id == TypeId::of::<Autodiff<$inner, NoCheckpointing>>() {
-                return cpu::tracked_products::<B, $inner, NoCheckpointing, D, N>(
-                    x, weights, cache,
-                );
-            }
-            if id == TypeId::of::<Autodiff<$inner, BalancedCheckpointing>>() {
-                return cpu::tracked_products::<B, $inner, BalancedCheckpointing, D, N>(
-                    x, weights, cache,
-                );
-            }
-        };
-        ($inner:ty, gpu, $kernel:expr) => {};
-    }
-    for_each_kernel_backend!(tracked);
     None
 }
 

@@ -75,7 +75,7 @@ mod inputs;
 mod storage;
 
 pub use backends::Kernel;
-pub(crate) use backends::{host_products, warn_if_gpu_without_kernel};
+pub(crate) use backends::warn_if_gpu_without_kernel;
 pub(crate) use inputs::KernelInputs;
 pub use storage::device_syncs;
 pub(crate) use storage::{KvStorage, NewKv};

@@ -15,10 +15,10 @@ use crate::attend::{self, AttentionPath, AttentionScores, ScoreRule};
 use crate::cache::KvCache;
 use crate::error::AttentionError;
 use crate::kernels::{self, CachedInputs, KernelInputs, NewKv};
-use crate::projection::{self, PackedWeightsCache};
 use crate::qk_norm::{QkNorm, QkNormConfig, QkNormScope};
 use crate::rope::{Positions, RopeConfig, Rotary};
 use crate::route::{Call, Route, route};
+use cpu_linalg::projection::{self, PackedWeightsCache};
 
 mod config;
 mod input;

@@ -5,8 +5,8 @@
 use ndarray::{Array2, ArrayViewMut2, Axis, ShapeBuilder, Slice};
 use rayon::prelude::*;
 
-use super::super::simd::mat_mul;
 use super::*;
+use cpu_linalg::simd::mat_mul;
 
 /// The gradients of `sum(output ⊙ output_grad)` with respect to query, key and value, given the
 /// forward pass's `output` and `log_sum_exp`.

@@ -4,8 +4,8 @@
 use ndarray::{ArrayView2, Axis, Slice};
 use rayon::prelude::*;
 
-use super::super::simd::mat_mul;
 use super::*;
+use cpu_linalg::simd::mat_mul;
 
 /// Causal attention, `softmax(q kᵀ / √head_dim) v` per head (or as [`Inputs::scoring`] says),
 /// with the mask described on [`Dims`] and the key padding. A query whose keys are all masked

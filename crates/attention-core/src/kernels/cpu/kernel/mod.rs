@@ -20,7 +20,7 @@
 
 use ndarray::{ArrayView2, ArrayViewMut2, Axis, ShapeBuilder, Slice};
 
-use super::simd::{self, mat_mul};
+use cpu_linalg::simd::{self, mat_mul};
 
 mod backward;
 mod forward;

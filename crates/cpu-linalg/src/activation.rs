@@ -7,7 +7,7 @@
 use burn::prelude::*;
 use burn::tensor::activation::sigmoid;
 
-use crate::kernels::cpu::{Nonlinearity, in_place};
+use crate::elementwise::{Nonlinearity, in_place};
 
 /// `x σ(x)` (SiLU, swish): the Llama family's `silu`.
 ///

@@ -1,9 +1,9 @@
-//! Projections, `x · W (+ b)`, as the layer and the models built on it compute them: on a CPU
-//! backend in `f32`, the CPU kernel's products (`kernels/cpu/products.rs`: the weights packed
-//! once, a decoding step's few rows on every thread, a prefill's in blocks of rows, the bias in
-//! the same pass), under `Autodiff` with a backward of the same products
-//! (`kernels/cpu/products_op.rs`: a training step's larger products on `gemm`, the weights read
-//! in place); everywhere else, Burn's `Linear` and `matmul`.
+//! Projections, `x · W (+ b)`, as the attention layer and the models built on it compute them: on
+//! a CPU backend in `f32`, this crate's products (`products.rs`: the weights packed once, a
+//! decoding step's few rows on every thread, a prefill's in blocks of rows, the bias in the same
+//! pass), under `Autodiff` with a backward of the same products (`products_op.rs`: a training
+//! step's larger products on `gemm`, the weights read in place); everywhere else, Burn's `Linear`
+//! and `matmul`.
 //!
 //! The packed weights are kept by the module that makes the call, in a [`PackedWeightsCache`]
 //! beside its `Linear`s: about one more copy of the weights in memory while a model runs,
@@ -13,8 +13,8 @@
 use burn::nn::Linear;
 use burn::prelude::*;
 
-use crate::kernels;
-pub use crate::kernels::cpu::PackedWeightsCache;
+use crate::backends;
+pub use crate::packed::PackedWeightsCache;
 
 /// [`Linear::forward`]: `x · weight + bias`, its weight packed in `packed` on a CPU backend.
 ///
@@ -79,7 +79,7 @@ fn on_host<B: Backend, const D: usize, const N: usize>(
     weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
     packed: &PackedWeightsCache,
 ) -> Option<[Tensor<B, D>; N]> {
-    kernels::host_products(x, weights, packed)
+    backends::host_products(x, weights, packed)
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use burn::tensor::ops::FloatTensor;
 
 use super::packed::PackedWeightsCache;
 use super::products::{Reuse, products};
-use crate::kernels::same_type;
+use crate::backends::same_type;
 
 /// [`products`] of `x` and `N` weights where `B` is `Autodiff<I, C>`, each output recorded with
 /// its backward; `None` (nothing recorded) where the products do not take the operands.

@@ -449,7 +449,7 @@ mod tests {
             // The weight's buffer, held here only: once the tensor is dropped, whether anything
             // else holds it says whether the cache does.
             let host = HostMatrix::of(&weight).expect("a bare CPU backend");
-            crate::kernels::cpu::products(&x, [(&weight, None)], Reuse::Inference(&cache))
+            crate::products::products(&x, [(&weight, None)], Reuse::Inference(&cache))
                 .expect("a bare CPU backend");
             host
         };
@@ -482,8 +482,7 @@ mod tests {
             Reuse::Once,
             Reuse::Inference(&cache),
         ] {
-            crate::kernels::cpu::products(&x, [(&weight, None)], reuse)
-                .expect("a bare CPU backend");
+            crate::products::products(&x, [(&weight, None)], reuse).expect("a bare CPU backend");
             let packed_at_inference = matches!(reuse, Reuse::Inference(_));
             assert_eq!(cache.holds(key), packed_at_inference, "{reuse:?}");
         }

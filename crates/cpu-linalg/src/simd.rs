@@ -1,11 +1,12 @@
-//! The kernel's inner loops at the CPU's full vector width: block products on `gemm`'s
-//! microkernels (AVX-512 where the CPU has it, chosen at run time), the `f32` softmax loops
-//! (`max`, `exp(x − shift)` and its sum) and the few-row products of `matvec.rs`, compiled once per
+//! The inner loops at the CPU's full vector width, of this crate and of attention-core's CPU
+//! attention kernel: block products on `gemm`'s microkernels (AVX-512 where the CPU has it, chosen
+//! at run time), the `f32` softmax loops (`max`, `exp(x − shift)` and its sum), the few-row and
+//! panel products of `matvec.rs` and `packed.rs`, the nonlinearities, compiled once per
 //! instruction set and picked at run time.
 //!
 //! Safe Rust here is compiled for baseline x86-64 (SSE2), and `matrixmultiply`'s `sgemm` stops
 //! at AVX2: on a CPU with two AVX-512 FMA ports both leave half the machine idle. This is the
-//! one module of the crate that opts into `unsafe` (CONTRIBUTING.md): its public items
+//! one module of the workspace that opts into `unsafe` (CONTRIBUTING.md): its public items
 //! take ndarray views and slices, check what the unsafe calls rely on, and are tested against
 //! the safe reference on sizes that are not multiples of the vector width.
 
@@ -26,7 +27,7 @@ use ndarray::{ArrayBase, Data, DataMut, Ix2, LinalgScalar};
 ///
 /// # Panics
 /// When the shapes do not agree.
-pub(super) fn mat_mul<E: LinalgScalar + PartialEq>(
+pub fn mat_mul<E: LinalgScalar + PartialEq>(
     alpha: E,
     lhs: &ArrayBase<impl Data<Elem = E>, Ix2>,
     rhs: &ArrayBase<impl Data<Elem = E>, Ix2>,
@@ -84,8 +85,9 @@ pub(super) fn mat_mul<E: LinalgScalar + PartialEq>(
 /// Runs `$body` (an expression over the arguments) compiled for the best instruction set the
 /// CPU has: AVX-512F, AVX2 + FMA, or baseline.
 macro_rules! dispatch {
-    (fn $name:ident($($arg:ident: $ty:ty),*) -> $out:ty = $body:path) => {
-        pub(super) fn $name($($arg: $ty),*) -> $out {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) -> $out:ty = $body:path) => {
+        $(#[$doc])*
+        $vis fn $name($($arg: $ty),*) -> $out {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f")]
@@ -112,12 +114,16 @@ macro_rules! dispatch {
     };
 }
 
-dispatch!(fn max_f32(xs: &[f32]) -> f32 = portable::max);
-dispatch!(fn exp_shifted_sum_f32(xs: &mut [f32], shift: f32) -> f32 = portable::exp_shifted_sum);
-dispatch!(fn rows_times_row_major_f32(
+dispatch!(
+    /// The largest element of `xs` (`-inf` for none).
+    pub fn max_f32(xs: &[f32]) -> f32 = portable::max);
+dispatch!(
+    /// Each `x` of `xs` replaced by `exp(x − shift)`, and their sum.
+    pub fn exp_shifted_sum_f32(xs: &mut [f32], shift: f32) -> f32 = portable::exp_shifted_sum);
+dispatch!(pub(crate) fn rows_times_row_major_f32(
     x: &[f32], rows: usize, features: Range<usize>, weight_rows: &[f32], out: &mut [f32]
 ) -> () = portable::rows_times_row_major);
-dispatch!(fn rows_times_column_major_f32(
+dispatch!(pub(crate) fn rows_times_column_major_f32(
     x: &[f32], rows: usize, weight: &[f32], bias: Option<&[f32]>, columns: Range<usize>,
     out: &mut [f32]
 ) -> () = portable::rows_times_column_major);
@@ -275,8 +281,8 @@ mod x86 {
     );
 }
 
-dispatch!(fn silu_f32(xs: &mut [f32]) -> () = portable::silu);
-dispatch!(fn gelu_tanh_f32(xs: &mut [f32]) -> () = portable::gelu_tanh);
+dispatch!(pub(crate) fn silu_f32(xs: &mut [f32]) -> () = portable::silu);
+dispatch!(pub(crate) fn gelu_tanh_f32(xs: &mut [f32]) -> () = portable::gelu_tanh);
 
 /// The most rows [`rows_times_row_major_f32`] and [`rows_times_column_major_f32`] take: each row
 /// count is its own unrolled loop, the accumulators of all rows held at once.

@@ -11,9 +11,19 @@ use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
 use rayon::prelude::*;
 
-use super::simd;
-use crate::Kernel;
-use crate::rope::RopeLayout;
+use crate::backends::is_bare_host;
+use crate::simd;
+
+/// Which features of a head form the rotated pairs (of its first `rotary_dim` features, with
+/// partial rotary embeddings).
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Feature `i` with feature `i + rotary_dim / 2` (Hugging Face's `rotate_half`): what Hugging
+    /// Face checkpoints of Llama, Qwen2, Mistral and Phi-3 need.
+    Half,
+    /// Features `2i` and `2i + 1` (Meta's original Llama, GPT-J, Burn's `RotaryEncoding`).
+    Interleaved,
+}
 
 /// A nonlinearity that [`in_place`] computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +47,7 @@ pub(crate) fn in_place<B: Backend, const D: usize>(
     x: Tensor<B, D>,
     nonlinearity: Nonlinearity,
 ) -> Result<Tensor<B, D>, Tensor<B, D>> {
-    if !Kernel::on_bare_host::<B>() || x.dtype() != DType::F32 {
+    if !is_bare_host::<B>() || x.dtype() != DType::F32 {
         return Err(x);
     }
     let pass = match nonlinearity {
@@ -75,13 +85,13 @@ fn with_values<B: Backend, const D: usize>(
 
 /// Every head of `x` turned by its position's angles, computed here: each pair `(a, b)` becomes
 /// `(a cos − b sin, b cos + a sin)`, rounded as Burn's ops round it (each product, then the
-/// sum); or `Err(x)`, untouched, where Burn's ops should compute it (as [`in_place`], or angles
-/// not of the shape below).
+/// sum); or `Err(x)`, untouched, where Burn's ops should compute it (a backend other than bare
+/// flex or ndarray, another float type, an odd width, or angles not of the shape below).
 ///
 /// # Shapes
 /// - `x`, output: `[batch, seq, heads, width]`
 /// - `cos`, `sin`: `[batch or 1, seq, 1, width / 2]`
-pub(crate) fn rotated_in_place<B: Backend>(
+pub fn rotated_in_place<B: Backend>(
     x: Tensor<B, 4>,
     cos: &Tensor<B, 4>,
     sin: &Tensor<B, 4>,
@@ -93,7 +103,7 @@ pub(crate) fn rotated_in_place<B: Backend>(
     let fits = |angles: &Tensor<B, 4>| {
         angles.dims() == [angles_batch, seq, 1, half] && angles.dtype() == DType::F32
     };
-    if !Kernel::on_bare_host::<B>()
+    if !is_bare_host::<B>()
         || x.dtype() != DType::F32
         || width % 2 != 0
         || heads * width == 0

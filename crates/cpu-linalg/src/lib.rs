@@ -1,0 +1,30 @@
+//! Linear algebra on the host for Burn's CPU backends (burn-flex and burn-ndarray, bare or under
+//! `Autodiff`): what a model built on the attention layer computes besides attention, at the
+//! machine's rate.
+//!
+//! - [`projection`]: `x · W (+ b)` as the layer and the models compute it — on weights packed
+//!   once in panels and kept by the module that owns them ([`PackedWeightsCache`]), under
+//!   `Autodiff` with a backward of the same products; Burn's `Linear` on every other backend.
+//! - [`activation`]: SiLU and the tanh GELU in one vectorized pass.
+//! - [`rotated_in_place`]: rotary embeddings' turn of every head in one pass.
+//! - [`simd`]: the vector-width loops under all of it and under attention-core's CPU attention
+//!   kernel — the workspace's one module with `unsafe` (CONTRIBUTING.md).
+//! - `backends.rs`: which backends' buffers these loops read, in one list.
+//!
+//! Every entry point falls back to Burn's own ops where the backend, the float type or a
+//! tensor's layout is not one it reads, so a caller never chooses by backend.
+#![warn(missing_docs)]
+
+pub mod activation;
+mod backends;
+mod elementwise;
+mod matvec;
+mod packed;
+mod products;
+mod products_op;
+pub mod projection;
+pub mod simd;
+
+pub use backends::is_bare_host;
+pub use elementwise::{RopeLayout, rotated_in_place};
+pub use packed::PackedWeightsCache;
