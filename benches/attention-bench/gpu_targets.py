@@ -7,6 +7,11 @@ Targets (the GPU-speed issue): the core and the layer, forward and forward+backw
 1.0x Burn's op at every shape (must); decoding at most Burn's op (must); 3 key/value heads at
 most 1.0x all 12, a 512-key window at most 0.2x the full core (must); the core at most 2x SDPA
 from T = 1024 (goal).
+
+Whole models (the whole-models issue), per model and batch: decoding at least 5x the rate of the
+first H200 run and faster than this project's 2-core CPU decoding (must); prefill at most 2x
+transformers' time in float32 (must); decoding at least 1.0x transformers' tokens/s and prefill at
+most 1.0x its time, f32 against float32 and f16 against bfloat16 (goal).
 """
 import collections
 import json
@@ -25,12 +30,62 @@ def verdict(values, ok):
     return "met" if hits == len(values) else ("missed" if hits == 0 else f"met in {hits} of {len(values)}")
 
 
+# Decoding tokens/s before this round on the H200 (lm-bench --backend wgpu, f32, 64 new tokens),
+# and this project's best 2-core CPU decoding (BENCHMARKS.md's whole-model tables).
+FIRST_GPU_RUN = {("gpt2", 1): 21.1, ("gpt2", 8): 150, ("smollm2", 1): 9.2, ("smollm2", 8): 61.5}
+CPU_DECODE = {("gpt2", 1): 52.6, ("gpt2", 8): 273, ("smollm2", 1): 43, ("smollm2", 8): 222}
+
+
+def model_rows(rows):
+    """The whole-model targets: (row, target, measured, verdict) per model, batch and dtype."""
+    ours, theirs = {}, {}
+    for r in rows:
+        if "model" not in r or "decode_tokens_per_s" not in r:
+            continue
+        if r.get("impl") == "ours":
+            ours[(r["model"], r["batch"], r.get("dtype", "f32"))] = r
+        elif r.get("impl") == "transformers":
+            dtype = {"float32": "f32", "bfloat16": "f16"}.get(r.get("dtype"), r.get("dtype"))
+            theirs[(r["model"], r["batch"], dtype)] = r
+    table = []
+    for key in sorted(ours):
+        model, batch, dtype = key
+        mine, peer = ours[key], theirs.get(key)
+        rate = mine["decode_tokens_per_s"]
+        what = f"{model} batch {batch} {dtype}"
+        if dtype == "f32" and (model, batch) in FIRST_GPU_RUN:
+            first, cpu = FIRST_GPU_RUN[(model, batch)], CPU_DECODE[(model, batch)]
+            table.append((f"{what}: decode tokens/s", f"≥ 5× {first} and > CPU {cpu}",
+                          f"{rate:.1f} (×{rate / first:.1f})",
+                          "met" if rate >= 5 * first and rate > cpu else "missed"))
+        if peer is None:
+            continue
+        speed = rate / peer["decode_tokens_per_s"]
+        table.append((f"{what}: decode, ours / transformers", "≥ 1.0 (goal)",
+                      f"×{speed:.2f} ({rate:.1f} / {peer['decode_tokens_per_s']:.1f})",
+                      "met" if speed >= 1.0 else "missed"))
+        prefill = mine["prefill_ms"] / peer["prefill_ms"]
+        limit = 2.0 if dtype == "f32" else 1.0
+        table.append((f"{what}: prefill, ours / transformers",
+                      "≤ 2.0, ≤ 1.0 goal" if dtype == "f32" else "≤ 1.0 (goal)",
+                      f"×{prefill:.2f} ({mine['prefill_ms']:.1f} / {peer['prefill_ms']:.1f} ms)",
+                      ("met" if prefill <= 1.0 else "must met, goal missed" if prefill <= limit
+                       else "missed")))
+        for counter in ("syncs_per_token", "compiles_in_steady_state"):
+            if counter in mine:
+                table.append((f"{what}: {counter}", "≤ 1" if counter.startswith("syncs") else "0",
+                              f"{mine[counter]:g}",
+                              "met" if mine[counter] <= (1 if counter.startswith("syncs") else 0)
+                              else "missed"))
+    return table
+
+
 def main(path):
     rows = [json.loads(line) for line in open(path) if line.startswith("{")]
     # (core, mode, shape, kv_heads, window, dtype, who) -> {round: median ms}
     times = collections.defaultdict(dict)
     for r in rows:
-        if "median_ms" not in r:
+        if "median_ms" not in r or "impl" not in r:
             continue
         who = {"fused": "ours", "burn-op": "burn-op", "torch-sdpa": "sdpa"}[r["impl"]]
         heads = int(r["shape"].split("x")[3])
@@ -77,6 +132,7 @@ def main(path):
                 values = ratios(window, full)
                 table.append((f"core {mode} {shape}: 512 window / full", "≤ 0.2", f"×{span(values)}",
                               verdict(values, lambda v: v <= 0.2)))
+    table += model_rows(rows)
     gpu = next((r["gpu"] for r in rows if r.get("kind") == "gpu"), "no GPU named")
     print(f"GPU: {gpu}\n")
     print("| row | target | measured (range over rounds) | |")
@@ -85,7 +141,8 @@ def main(path):
         print("| " + " | ".join(row) + " |")
     for r in rows:
         if "failed" in r or "skipped" in r:
-            print(f"\n- {r.get('failed') or r.get('skipped')}: {r.get('stderr') or r.get('reason')}")
+            why = r.get("stderr") or r.get("reason") or ("timed out" if r.get("rc") == 124 else f"rc {r.get('rc')}")
+            print(f"\n- {r.get('failed') or r.get('skipped')}: {why}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@
     python peer_lm.py --family smollm2 --batch 1 --prompt 128 --new 128 --threads 2
     # a quick check: the family's shape cut to 2 layers (with --save or in memory)
     python peer_lm.py --family qwen3 --layers 2 --batch 1 --prompt 16 --new 4 --repeats 1
+    # on a CUDA GPU in bfloat16 (the float32 checkpoint cast after loading)
+    python peer_lm.py --model /tmp/gpt2-small --device cuda --dtype bfloat16 --batch 1,8 --new 64
 
 One JSON object per batch size; its `family` is `--family` when given (with --model it must match
 the directory's `model_type`), else that `model_type` (a saved SmolLM2 shape reads as `llama`). Both sides time whole `generate` calls with
@@ -55,6 +57,7 @@ def qwen3_config():
     )
 
 
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FAMILIES = {"gpt2": gpt2_config, "smollm2": smollm2_config, "qwen3": qwen3_config}
 MODEL_TYPES = {"gpt2": "gpt2", "smollm2": "llama", "qwen3": "qwen3"}  # config.json's model_type
 
@@ -76,6 +79,7 @@ def prompt_ids(batch, length, vocab):
 
 
 def timed_generate(model, ids, new_tokens, pad):
+    synchronize(ids.device)
     start = time.perf_counter()
     model.generate(
         ids,
@@ -85,7 +89,14 @@ def timed_generate(model, ids, new_tokens, pad):
         do_sample=False,
         pad_token_id=pad,
     )
+    synchronize(ids.device)
     return time.perf_counter() - start
+
+
+def synchronize(device):
+    """Waits for the device's queued work: a CUDA call is timed to its end, not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main():
@@ -101,6 +112,10 @@ def main():
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where transformers runs (cuda: each call timed to the device's end)")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+                        help="the weights' and activations' float type on --device")
     args = parser.parse_args()
     if args.model and (args.save or args.layers is not None):
         parser.error("--model loads a directory as it is: no --save or --layers with it")
@@ -119,12 +134,15 @@ def main():
     else:
         family = args.family or "gpt2"
         model = random_model(family, args.seed, args.layers)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this PyTorch sees no CUDA device")
+    model = model.to(device=args.device, dtype=DTYPES[args.dtype])
     model.eval()
     eos = model.config.eos_token_id
     pad = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
     with torch.inference_mode():
         for batch in [int(b) for b in args.batch.split(",")]:
-            ids = prompt_ids(batch, args.prompt, model.config.vocab_size)
+            ids = prompt_ids(batch, args.prompt, model.config.vocab_size).to(args.device)
             timed_generate(model, ids, 2, pad)  # warm-up
             prefill = sorted(timed_generate(model, ids, 1, pad) for _ in range(args.repeats))
             total = sorted(timed_generate(model, ids, args.new, pad) for _ in range(args.repeats))
@@ -133,6 +151,8 @@ def main():
                 "impl": "transformers",
                 "family": family,
                 "torch": torch.__version__,
+                "device": args.device,
+                "dtype": args.dtype,
                 "batch": batch,
                 "prompt": args.prompt,
                 "new": args.new,

@@ -9,9 +9,11 @@
 # On the device machine (see benches/attention-bench/prepare-gpu.sh, which makes .gpu/ and .gl/):
 #   for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig; xz -dk .gpu/*.xz; chmod +x .gpu/*;
 #   BIN_DIR=.gpu benches/attention-bench/run-gpu.sh $OUT/gpu.jsonl 420
-# A dry run without a GPU (lavapipe, PyTorch on the CPU, small shapes):
+# A dry run without a GPU (lavapipe, PyTorch on the CPU, small shapes, a 1-layer model; lavapipe
+# cannot hold GPT-2's f32 embedding in one buffer):
 #   PEER_DEVICE=cpu CORE_SEQS="64 128" LAYER_SHAPES=1x64x768x12 DECODE_SHAPES=1x64x768x12 \
-#     LONG=128 CALLS=2 benches/attention-bench/run-gpu.sh /tmp/gpu.jsonl
+#     LONG=128 CALLS=2 MODEL_FAMILIES=smollm2 MODEL_LAYERS=1 MODEL_PROMPT=8 MODEL_NEW=3 \
+#     benches/attention-bench/run-gpu.sh /tmp/gpu.jsonl
 set -uo pipefail
 out=$1
 deadline=$(($(date +%s) + ${2:-420}))
@@ -25,6 +27,11 @@ core_seqs=${CORE_SEQS:-1024 2048 4096 8192}
 layer_shapes=${LAYER_SHAPES:-4x512x768x12 1x1024x768x12 1x2048x768x12 1x4096x768x12 1x8192x768x12}
 decode_shapes=${DECODE_SHAPES:-1x1024x768x12 8x1024x768x12 1x16384x768x12}
 long=${LONG:-8192}
+model_families=${MODEL_FAMILIES:-gpt2 smollm2}
+model_prompt=${MODEL_PROMPT:-128}
+model_new=${MODEL_NEW:-64}
+# Empty: the families' whole depth; a number cuts every model to that many layers (dry runs).
+model_layers=${MODEL_LAYERS:-}
 : > "$out"
 
 # Whether time is left; says what is skipped when not.
@@ -33,7 +40,8 @@ left() {
   echo "{\"skipped\":\"$1\",\"reason\":\"deadline\"}" >> "$out"
   return 1
 }
-# One line per shape into OUT, tagged with the round; a crash or timeout is a line too.
+# One line per shape into OUT, tagged with the round (and with TAG's fields, e.g.
+# `"model":"gpt2",`); a crash or timeout is a line too.
 record() {
   local round=$1
   shift
@@ -41,13 +49,14 @@ record() {
   lines=$(timeout 150 "$@" 2>/tmp/run-gpu.err)
   local rc=$?
   if [ -n "$lines" ]; then
-    echo "$lines" | sed "s/^{/{\"round\":$round,/" >> "$out"
+    echo "$lines" | sed "s/^{/{\"round\":$round,${TAG:-}/" >> "$out"
   fi
   if [ $rc -ne 0 ]; then
     local why
     why=$(tail -c 300 /tmp/run-gpu.err | tr '"\n\\' "' /")
     echo "{\"round\":$round,\"failed\":\"$*\",\"rc\":$rc,\"stderr\":\"$why\"}" >> "$out"
   fi
+  return $rc
 }
 ours() { record "$1" "$bin/attention-bench" --backend wgpu --repeats 5 --warmup 2 \
   --calls-per-sync "$calls" "${@:2}"; }
@@ -95,7 +104,27 @@ for mode in fwd fwdbwd; do
   ours 1 --impl fused --core --mode $mode --shape "$shape" --sliding-window 512
   torch 1 --core --mode $mode --shapes "$shape" --num-kv-heads 3
 done
-# 5. Half precision, the core: ours and Burn's op in f16 on wgpu, SDPA in f16 and bf16.
+# 5. Whole models (the whole-models issue): random-weight checkpoints saved here by transformers,
+# decoded by lm-bench on wgpu in f32 and f16 and by transformers' generate on the GPU in float32
+# and bfloat16, greedy, batch 1 and 8.
+models=$(mktemp -d)
+for family in $model_families; do
+  left "model $family" || break
+  dir="$models/$family"
+  record 1 "$py" "$here/peer_lm.py" --family "$family" ${model_layers:+--layers "$model_layers"} \
+    --save "$dir" || continue
+  for dtype in f32 f16; do
+    TAG="\"model\":\"$family\"," record 1 "$bin/lm-bench" --model "$dir" --backend wgpu \
+      --dtype $dtype --batch 1 --batch 8 --prompt "$model_prompt" --new "$model_new" --repeats 2
+  done
+  for dtype in float32 bfloat16; do
+    TAG="\"model\":\"$family\"," record 1 "$py" "$here/peer_lm.py" --model "$dir" \
+      --device "$device" --dtype $dtype --batch 1,8 --prompt "$model_prompt" \
+      --new "$model_new" --repeats 2
+  done
+done
+rm -rf "$models"
+# 6. Half precision, the core: ours and Burn's op in f16 on wgpu, SDPA in f16 and bf16.
 for mode in fwd fwdbwd; do
   for seq in $core_seqs; do
     left "f16 core $mode $seq" || break 2
