@@ -234,10 +234,10 @@ pub fn cases_on<B: burn::tensor::backend::Backend, T>(cases: &[T]) -> &[T] {
 }
 
 /// The path of a test fixture: PyTorch's and Hugging Face's golden files, kept once, in
-/// `crates/attention-core/tests/fixtures`.
+/// the workspace's top-level `fixtures/`.
 pub fn fixture(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../attention-core/tests/fixtures")
+        .join("../../fixtures")
         .join(name)
 }
 

@@ -10,7 +10,7 @@ use tensor_files::{Dtype, FileError, RawTensor, Tensors};
 
 fn fixture(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../attention-core/tests/fixtures")
+        .join("../../fixtures")
         .join(name)
 }
 

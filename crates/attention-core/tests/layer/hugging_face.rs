@@ -1,6 +1,6 @@
 //! Parity with Hugging Face transformers' `LlamaAttention`, `Qwen2Attention` and
 //! `MistralAttention` (grouped key/value heads, RoPE, q/k/v biases, a sliding window, shifted
-//! positions) on the cases of `tests/fixtures/hf/` (see its README): the output, the attention
+//! positions) on the cases of `fixtures/hf/` (see its README): the output, the attention
 //! weights and every gradient, on the explicit, fused and cached paths.
 
 use attention_backends::compare::assert_close;

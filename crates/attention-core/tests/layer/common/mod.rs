@@ -14,7 +14,7 @@ pub const RTOL: f64 = 1e-4;
 pub fn book_fixtures() -> Vec<PathBuf> {
     let dir = attention_backends::fixture("");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("tests/fixtures")
+        .expect("the fixtures folder")
         .map(|entry| entry.unwrap().path())
         .filter(|path| {
             let name = path.file_name().unwrap().to_string_lossy();
