@@ -9,16 +9,15 @@ const BIN: &str = env!("CARGO_BIN_EXE_attention-bench");
 
 #[test]
 fn every_combination_at_the_chapters_shape() {
-    let wgpu = attention_backends::wgpu_device_for_test(
-        "every_combination_at_the_chapters_shape (wgpu part)",
-    )
-    .is_some();
+    let wgpu =
+        test_support::wgpu_device_for_test("every_combination_at_the_chapters_shape (wgpu part)")
+            .is_some();
     let backends: &[&str] = if wgpu {
         &["ndarray", "flex", "wgpu"]
     } else {
         &["ndarray", "flex"]
     };
-    let every_case = attention_backends::wgpu_all_cases();
+    let every_case = test_support::wgpu_all_cases();
     for backend in backends {
         for implementation in ["explicit", "fused", "burn-nn"] {
             for mode in ["fwd", "fwdbwd", "decode"] {

@@ -3,11 +3,14 @@
 //!
 //! - [`BackendName`]: the list, as every binary's `--backend` flag takes it.
 //! - [`dispatch`]: runs code generic over the backend ([`OnBackend`]) on the one a name picks.
-//! - [`backend_tests!`]: instantiates generic test bodies on every backend.
 //! - [`compiles`]: what cubecl compiles and tunes, counted from its log.
+//! - [`compare`]: tensors compared as the gradient check and the tests compare them.
+//!
+//! The tests' own support (generic test bodies on every backend, fixture paths) is the
+//! `test-support` crate, a dev-dependency only.
 //!
 //! Adding a backend: a variant of [`BackendName`], its arm in [`dispatch`], its module in
-//! [`backend_tests!`] — and, where one of attention-core's kernels runs on it, its line in the
+//! `test_support::backend_tests!` — and, where one of attention-core's kernels runs on it, its line in the
 //! kernel list of `attention-core/src/kernels/backends.rs` (a test of attention-core's checks the two
 //! lists against each other).
 #![warn(missing_docs)]
@@ -190,108 +193,4 @@ pub fn wgpu_device() -> Result<WgpuDevice, NoAdapter> {
             reason: error.to_string(),
         }),
     }
-}
-
-/// The wgpu device for a test, or `None` (after saying why on stderr) when there is no adapter
-/// and [`REQUIRE_WGPU`] is not set.
-///
-/// # Panics
-/// When there is no adapter and [`REQUIRE_WGPU`] is set to anything but `0` or empty.
-pub fn wgpu_device_for_test(test: &str) -> Option<WgpuDevice> {
-    match wgpu_device() {
-        Ok(device) => Some(device),
-        Err(error) => {
-            let required = std::env::var(REQUIRE_WGPU).is_ok_and(|v| !v.is_empty() && v != "0");
-            if required {
-                panic!("{test}: {error} ({REQUIRE_WGPU} is set)");
-            }
-            eprintln!("SKIPPED {test} on wgpu: {error}");
-            None
-        }
-    }
-}
-
-/// Set to run every case of every test on wgpu (see [`cases_on`]).
-pub const WGPU_ALL_CASES: &str = "WGPU_ALL_CASES";
-
-/// Whether [`WGPU_ALL_CASES`] is set (to anything but `0` or empty).
-pub fn wgpu_all_cases() -> bool {
-    std::env::var(WGPU_ALL_CASES).is_ok_and(|v| !v.is_empty() && v != "0")
-}
-
-/// The cases of a test to run on backend `B`: all of them on the CPU backends; on wgpu the first
-/// two, unless [`WGPU_ALL_CASES`] is set. Each new shape makes Burn's wgpu runtime compile and
-/// autotune kernels, which takes seconds on a software adapter (lavapipe, as in CI); two cases
-/// check the wgpu path, the CPU backends check the rest of the arithmetic.
-pub fn cases_on<B: burn::tensor::backend::Backend, T>(cases: &[T]) -> &[T] {
-    use std::any::TypeId;
-    let wgpu = [TypeId::of::<Wgpu>(), TypeId::of::<Autodiff<Wgpu>>()].contains(&TypeId::of::<B>());
-    if wgpu && !wgpu_all_cases() {
-        &cases[..cases.len().min(2)]
-    } else {
-        cases
-    }
-}
-
-/// The path of a test fixture: PyTorch's and Hugging Face's golden files, kept once, in
-/// the workspace's top-level `fixtures/`.
-pub fn fixture(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name)
-}
-
-/// Instantiates generic test bodies `fn name<B: Backend>(device: &B::Device)` on every backend:
-/// a module per backend (`ndarray`, `flex`, `wgpu`) with one `#[test]` per body. On wgpu a test
-/// is skipped, saying why, when there is no adapter (see [`wgpu_device_for_test`]). Bodies listed
-/// after `wgpu_all_cases_only:` run on the CPU backends always and on wgpu only under
-/// [`WGPU_ALL_CASES`]: each compiles a minute or more of new kernels on a software adapter (CI's),
-/// for arithmetic the CPU backends and the lighter wgpu tests already check.
-///
-/// ```ignore
-/// fn rows_sum_to_one<B: Backend>(device: &B::Device) { /* … */ }
-/// fn long_gradients<B: Backend>(device: &B::Device) { /* … */ }
-/// attention_backends::backend_tests!(rows_sum_to_one; wgpu_all_cases_only: long_gradients);
-/// ```
-#[macro_export]
-macro_rules! backend_tests {
-    ($($body:ident),+ $(,)?) => {
-        $crate::backend_tests!($($body),+ ; wgpu_all_cases_only:);
-    };
-    ($($body:ident),* ; wgpu_all_cases_only: $($heavy:ident),* $(,)?) => {
-        mod ndarray {
-            $( #[test] fn $body() { super::$body::<$crate::NdArray>(&Default::default()) } )*
-            $( #[test] fn $heavy() { super::$heavy::<$crate::NdArray>(&Default::default()) } )*
-        }
-        mod flex {
-            $( #[test] fn $body() { super::$body::<$crate::Flex>(&Default::default()) } )*
-            $( #[test] fn $heavy() { super::$heavy::<$crate::Flex>(&Default::default()) } )*
-        }
-        mod wgpu {
-            $(
-                #[test]
-                fn $body() {
-                    if let Some(device) = $crate::wgpu_device_for_test(stringify!($body)) {
-                        super::$body::<$crate::Wgpu>(&device)
-                    }
-                }
-            )*
-            $(
-                #[test]
-                fn $heavy() {
-                    if !$crate::wgpu_all_cases() {
-                        eprintln!(
-                            "{}: skipped on wgpu (set {}=1 to run it)",
-                            stringify!($heavy),
-                            $crate::WGPU_ALL_CASES
-                        );
-                        return;
-                    }
-                    if let Some(device) = $crate::wgpu_device_for_test(stringify!($heavy)) {
-                        super::$heavy::<$crate::Wgpu>(&device)
-                    }
-                }
-            )*
-        }
-    };
 }

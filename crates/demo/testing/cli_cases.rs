@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use attention_backends::compare::assert_close;
 use attention_core::weights::StateDict;
 
-pub use attention_backends::fixture;
+pub use test_support::fixture;
 
 /// A fresh, empty directory for one test's files.
 pub fn scratch(test: &str) -> PathBuf {
@@ -161,7 +161,7 @@ pub fn walkthrough_prints_the_chapters_steps(bin: &str) {
 /// gradients are checked against f64 in every run by `attention-core`'s `tests/layer/gpu_kernel.rs`.
 pub fn gradcheck_passes(bin: &str) {
     let on_wgpu = bin.ends_with("demo-wgpu");
-    if on_wgpu && !attention_backends::wgpu_all_cases() {
+    if on_wgpu && !test_support::wgpu_all_cases() {
         eprintln!(
             "SKIPPED gradcheck_passes on wgpu: WGPU_ALL_CASES=1 runs it (minutes on lavapipe)"
         );
@@ -406,7 +406,7 @@ pub fn apply_hugging_face_layers_match_transformers(bin: &str) {
         ("llama_s1_b1_t5_d16_h4_kv1", None),
         ("llama_s4_b1_t6_d32_h4_kv4_offset5", None),
     ];
-    let every_case = !bin.contains("wgpu") || attention_backends::wgpu_all_cases();
+    let every_case = !bin.contains("wgpu") || test_support::wgpu_all_cases();
     let cases = if every_case { &cases[..] } else { &cases[..1] };
     for &(name, window) in cases {
         let file = fixture(&format!("hf/{name}.safetensors"));

@@ -7,10 +7,10 @@
 //! model came after. Some cache of the device's runtime carries what the f16 run chose over to
 //! the f32 one; not yet found (BENCHMARKS / docs/precision.md say so).
 
-use attention_backends::fixture;
 use burn::prelude::*;
 use hf_models::{CausalLm, GenerateConfig, Prompts};
 use tensor_files::Tensors;
+use test_support::fixture;
 
 /// The fixture directories this test loads.
 const MODELS: [&str; 2] = ["llama_tiny_s1", "gpt2_tiny_s0"];
@@ -62,7 +62,7 @@ const HALF_PRECISION_BOUND: f32 = 1e-2;
 #[test]
 fn half_precision_logits_are_within_the_bound_of_float32() {
     type Half = burn::backend::Wgpu<burn::tensor::f16>;
-    let Some(device) = attention_backends::wgpu_device_for_test("models in f16") else {
+    let Some(device) = test_support::wgpu_device_for_test("models in f16") else {
         return;
     };
     for model in MODELS {

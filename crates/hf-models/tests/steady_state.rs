@@ -3,12 +3,13 @@
 //! two, on Burn's fused wgpu (lavapipe in CI). Its own binary: the compile counter is the
 //! process's logger, and no other test may compile beside it.
 
-use attention_backends::{Wgpu, compiles, fixture};
+use attention_backends::{Wgpu, compiles};
 use hf_models::{CausalLm, GenerateConfig, Prompts};
+use test_support::fixture;
 
 #[test]
 fn decoding_steps_read_back_only_their_ids_and_compile_nothing() {
-    let Some(device) = attention_backends::wgpu_device_for_test("steady-state decoding") else {
+    let Some(device) = test_support::wgpu_device_for_test("steady-state decoding") else {
         return;
     };
     compiles::install().expect("the first logger of this binary");

@@ -5,7 +5,7 @@
 mod cli_cases;
 
 cli_tests!(env!("CARGO_BIN_EXE_demo-wgpu"), |test| {
-    attention_backends::wgpu_device_for_test(test).is_some()
+    test_support::wgpu_device_for_test(test).is_some()
 });
 
 /// Without a Vulkan driver the demo says what is missing in one line and exits 2, no panic.

@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use attention_backends::fixture;
 use tensor_files::{Dtype, RawTensor};
+use test_support::fixture;
 
 fn hf_lm(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hf-lm"))

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use attention_backends::fixture;
 use serde_json::{Value, json};
 use tensor_files::{Dtype, RawTensor, Tensors};
+use test_support::fixture;
 
 /// How long one refused run may take before it counts as a hang.
 const HANG_GUARD: Duration = Duration::from_secs(60);

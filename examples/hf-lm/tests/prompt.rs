@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use attention_backends::fixture;
+use test_support::fixture;
 
 /// `llama_tiny_s1` with the tokenizer `fixtures/make_tokenizer.py` trained for it.
 fn model_with_tokenizer(dir: &Path) {

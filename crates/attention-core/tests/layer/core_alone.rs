@@ -91,7 +91,7 @@ fn core_refuses_shapes_that_do_not_fit<B: Backend>(device: &B::Device) {
     );
 }
 
-attention_backends::backend_tests!(
+test_support::backend_tests!(
     core_equals_the_written_out_formula,
     core_refuses_shapes_that_do_not_fit
 );

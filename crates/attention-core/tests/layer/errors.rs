@@ -1,7 +1,7 @@
 //! Every bad input is an error value naming what was wrong, never a panic or a NaN.
 //! Validation does not depend on the backend, so these run on ndarray alone.
 
-use attention_backends::{NdArray as B, fixture};
+use attention_backends::NdArray as B;
 use attention_core::weights::{StateDict, WeightsError};
 use attention_core::{
     AttentionError, AttentionInput, AttentionPath, MultiHeadAttentionConfig, QkNormConfig,
@@ -10,6 +10,7 @@ use attention_core::{
 use burn::prelude::*;
 use burn::tensor::Bool;
 use tensor_files::FileError;
+use test_support::fixture;
 
 fn device() -> burn::backend::ndarray::NdArrayDevice {
     Default::default()

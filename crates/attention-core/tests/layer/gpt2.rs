@@ -20,7 +20,7 @@ use burn::tensor::Bool;
 use common::{ATOL, RTOL};
 
 fn fixture(name: &str) -> StateDict {
-    StateDict::load(attention_backends::fixture(name)).unwrap()
+    StateDict::load(test_support::fixture(name)).unwrap()
 }
 
 /// Bidirectional attention with the layer's projections, as standalone `GPT2Attention` computes.
@@ -151,7 +151,7 @@ fn causal_layer_matches_causal_reference<B: Backend>(device: &B::Device) {
     assert_grads(&layer, x, trace.output, &reference, device);
 }
 
-attention_backends::backend_tests!(
+test_support::backend_tests!(
     import_matches_hugging_face;
     wgpu_all_cases_only: causal_layer_matches_causal_reference
 );

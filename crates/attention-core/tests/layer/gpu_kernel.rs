@@ -187,8 +187,7 @@ fn explicit_in_f64<B: Backend>(
 
 #[test]
 fn forward_and_gradients_equal_the_explicit_path() {
-    let Some(device) =
-        attention_backends::wgpu_device_for_test("gpu kernel: forward and gradients")
+    let Some(device) = test_support::wgpu_device_for_test("gpu kernel: forward and gradients")
     else {
         return;
     };
@@ -239,8 +238,7 @@ fn forward_and_gradients_equal_the_explicit_path_on<B: Backend>(device: &B::Devi
 
 #[test]
 fn cached_prefill_and_steps_equal_the_full_forward() {
-    let Some(device) = attention_backends::wgpu_device_for_test("gpu kernel: cached decoding")
-    else {
+    let Some(device) = test_support::wgpu_device_for_test("gpu kernel: cached decoding") else {
         return;
     };
     for (i, case) in [&CASES[1], &CASES[5], &CASES[6]].into_iter().enumerate() {
@@ -253,8 +251,7 @@ fn cached_prefill_and_steps_equal_the_full_forward() {
 /// combined by their log-sum-exps; with sinks (counted once, in the first split) and padding.
 #[test]
 fn split_decoding_equals_the_full_forward() {
-    let Some(device) = attention_backends::wgpu_device_for_test("gpu kernel: split decoding")
-    else {
+    let Some(device) = test_support::wgpu_device_for_test("gpu kernel: split decoding") else {
         return;
     };
     #[rustfmt::skip]
@@ -336,7 +333,7 @@ fn has_f16(device: &attention_backends::WgpuDevice) -> bool {
 /// f16.
 #[test]
 fn half_precision_is_as_close_as_burns_own_half_precision_path() {
-    let Some(device) = attention_backends::wgpu_device_for_test("gpu kernel: f16") else {
+    let Some(device) = test_support::wgpu_device_for_test("gpu kernel: f16") else {
         return;
     };
     if !has_f16(&device) {

@@ -4,7 +4,6 @@
 //! weights and every gradient, on the explicit, fused and cached paths.
 
 use attention_backends::compare::assert_close;
-use attention_backends::{cases_on, fixture};
 use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
 use attention_core::{
     AttentionInput, AttentionPath, MultiHeadAttention, MultiHeadAttentionConfig, RopeConfig,
@@ -12,6 +11,7 @@ use attention_core::{
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use burn::tensor::{Int, TensorData};
+use test_support::{cases_on, fixture};
 
 /// The layer cases, with the number of query heads and the window their names give.
 const CASES: [(&str, usize, Option<usize>); 5] = [
@@ -141,7 +141,7 @@ fn cached_decoding_matches_transformers<B: Backend>(device: &B::Device) {
     }
 }
 
-attention_backends::backend_tests!(
+test_support::backend_tests!(
     forward_matches_transformers,
     cached_decoding_matches_transformers;
     wgpu_all_cases_only: gradients_match_transformers,

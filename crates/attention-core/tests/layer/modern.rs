@@ -6,7 +6,6 @@
 
 use crate::common;
 
-use attention_backends::cases_on;
 use attention_backends::compare::assert_close;
 use attention_core::{
     AttentionInput, AttentionPath, KvCache, MultiHeadAttentionConfig, RopeConfig,
@@ -15,6 +14,7 @@ use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::{Bool, Int};
 use common::{on_path, randn, seeded_layer};
+use test_support::cases_on;
 
 const PATHS: [AttentionPath; 2] = [AttentionPath::Explicit, AttentionPath::Fused];
 
@@ -179,7 +179,7 @@ fn left_padded_rows_with_positions_equal_unpadded_rows<B: Backend>(device: &B::D
     }
 }
 
-attention_backends::backend_tests!(
+test_support::backend_tests!(
     full_kv_heads_are_plain_attention,
     cached_decoding_with_rope_and_window_equals_full_forward,
     left_padded_rows_with_positions_equal_unpadded_rows;

@@ -4,12 +4,12 @@
 
 use crate::common;
 
-use attention_backends::cases_on;
 use attention_backends::compare::assert_close;
 use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
 use burn::backend::Autodiff;
 use burn::prelude::*;
 use common::{ATOL, RTOL, book_fixtures, fixture_layer};
+use test_support::cases_on;
 
 /// Forward output (default and explicit path) and attention weights.
 fn forward_matches_pytorch<B: Backend>(device: &B::Device) {
@@ -49,12 +49,12 @@ fn forward_matches_pytorch<B: Backend>(device: &B::Device) {
 
 /// The `.pt` state dict loads to the same parameters as the `.safetensors` one.
 fn pt_loads_like_safetensors<B: Backend>(device: &B::Device) {
-    let st = attention_backends::fixture("book_s0_b2_t5_i8_o8_h2_bias.safetensors");
+    let st = test_support::fixture("book_s0_b2_t5_i8_o8_h2_bias.safetensors");
     let fixture = StateDict::load(&st).unwrap();
     let from_st = fixture_layer::<B>(&fixture, &st, device);
     let from_pt = fixture_layer::<B>(
         &fixture,
-        &attention_backends::fixture("book_s0_b2_t5_i8_o8_h2_bias.pt"),
+        &test_support::fixture("book_s0_b2_t5_i8_o8_h2_bias.pt"),
         device,
     );
     let a = AttentionParams::of(&from_st).to_state_dict(WeightsLayout::Chapter);
@@ -135,7 +135,7 @@ fn gradients_match_pytorch<B: Backend>(device: &B::Device) {
     }
 }
 
-attention_backends::backend_tests!(
+test_support::backend_tests!(
     forward_matches_pytorch,
     pt_loads_like_safetensors,
     gradients_match_pytorch

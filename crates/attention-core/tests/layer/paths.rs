@@ -4,7 +4,6 @@
 
 use crate::common;
 
-use attention_backends::cases_on;
 use attention_core::mask::causal_mask;
 use attention_core::{AttentionInput, AttentionPath, MultiHeadAttentionConfig};
 use burn::backend::Autodiff;
@@ -13,6 +12,7 @@ use burn::tensor::Bool;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use common::{on_path, output_and_gradients, randn, seeded_layer};
+use test_support::cases_on;
 
 const TOL: f64 = 1e-5;
 
@@ -308,7 +308,7 @@ fn fused_gradients_equal_explicit<B: Backend>(device: &B::Device) {
     }
 }
 
-attention_backends::backend_tests!(
+test_support::backend_tests!(
     fused_equals_explicit,
     fused_gradients_equal_explicit,
     cached_decoding_equals_full_forward,
@@ -363,7 +363,7 @@ fn fused_op_reads_strided_views<B: Backend>(device: &B::Device) {
 fn cached_decoding_reproduces_the_fixtures<B: Backend>(device: &B::Device) {
     let syncs = attention_core::device_syncs();
     let mut fixtures = common::book_fixtures();
-    fixtures.push(attention_backends::fixture(
+    fixtures.push(test_support::fixture(
         "gpt2_causal_s0_b2_t7_d16_h4.safetensors",
     ));
     for path in fixtures {

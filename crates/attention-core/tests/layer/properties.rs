@@ -163,7 +163,7 @@ fn zero_dropout_is_deterministic_under_autodiff<B: Backend>(device: &B::Device) 
     );
 }
 
-attention_backends::backend_tests!(
+test_support::backend_tests!(
     future_tokens_do_not_change_the_past,
     weights_are_causal_distributions,
     inference_is_deterministic,

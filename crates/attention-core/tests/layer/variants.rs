@@ -10,7 +10,6 @@
 
 use crate::common;
 
-use attention_backends::cases_on;
 use attention_backends::compare::{assert_close, deviation};
 use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
 use attention_core::{
@@ -22,6 +21,7 @@ use burn::module::Param;
 use burn::nn::Linear;
 use burn::prelude::*;
 use common::{on_path, output_and_gradients, randn, seeded_layer};
+use test_support::cases_on;
 
 const PATHS: [AttentionPath; 2] = [AttentionPath::Explicit, AttentionPath::Fused];
 
@@ -408,7 +408,7 @@ fn variant_gradients_fused_equal_explicit<B: Backend>(device: &B::Device) {
     }
 }
 
-attention_backends::backend_tests!(
+test_support::backend_tests!(
     variants_agree_on_every_path,
     normalized_scores_are_the_formula,
     scored_weights_are_the_formula;

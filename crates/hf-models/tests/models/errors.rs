@@ -3,13 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use attention_backends::{NdArray, fixture};
+use attention_backends::NdArray;
 use burn::tensor::f16;
 use hf_models::{
     CausalLm, GenerateConfig, GenerateError, LoadError, ModelConfig, Prompts, Sampling,
 };
 use serde_json::{Value, json};
 use tensor_files::{Dtype, RawTensor, Tensors};
+use test_support::fixture;
 
 /// A copy of fixture model `name` in a temporary directory, its config changed by `edit`.
 fn copy_with(name: &str, edit: impl FnOnce(&mut Value)) -> (tempfile::TempDir, PathBuf) {

@@ -2,10 +2,10 @@
 //! transformers' own classes, random weights): prompt logits, every step's logits and the greedy
 //! tokens, against `expected.safetensors`.
 
-use attention_backends::{backend_tests, cases_on, fixture};
 use burn::prelude::*;
 use hf_models::{CausalLm, GenerateConfig, Generation, Prompts};
 use tensor_files::{RawTensor, Tensors};
+use test_support::{backend_tests, cases_on, fixture};
 
 use crate::MODELS;
 

@@ -4,13 +4,14 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use attention_backends::{NdArray, fixture};
+use attention_backends::NdArray;
 use attention_core::weights::StateDict;
 use burn::prelude::*;
 use hf_models::{CausalLm, LmInput, ModelConfig};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Value, json};
+use test_support::fixture;
 
 use crate::MODELS;
 

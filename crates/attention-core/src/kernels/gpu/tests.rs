@@ -228,7 +228,7 @@ fn reference(case: &Case, inputs: &Inputs) -> Reference {
 }
 
 fn device() -> Option<burn::backend::wgpu::WgpuDevice> {
-    attention_backends::wgpu_device_for_test("gpu kernel variants")
+    test_support::wgpu_device_for_test("gpu kernel variants")
 }
 
 fn tensor<const D: usize>(

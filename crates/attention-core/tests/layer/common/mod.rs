@@ -12,7 +12,7 @@ pub const RTOL: f64 = 1e-4;
 
 /// The chapter-module fixtures (`book_*.safetensors`), sorted.
 pub fn book_fixtures() -> Vec<PathBuf> {
-    let dir = attention_backends::fixture("");
+    let dir = test_support::fixture("");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("the fixtures folder")
         .map(|entry| entry.unwrap().path())
