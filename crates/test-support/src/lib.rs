@@ -4,19 +4,20 @@
 //! - [`cases_on`]: the cases a test runs on a backend (two on a software wgpu adapter, unless
 //!   [`WGPU_ALL_CASES`] is set).
 //! - [`wgpu_device_for_test`]: the wgpu device, or a skip that says why (a failure under
-//!   [`REQUIRE_WGPU`], as in CI).
+//!   `REQUIRE_WGPU`, as in CI).
 //! - [`fixture`]: the golden files in the workspace's top-level `fixtures/`.
 #![warn(missing_docs)]
 
-pub use attention_backends::{
-    Autodiff, Flex, NdArray, REQUIRE_WGPU, Wgpu, WgpuDevice, wgpu_device,
-};
+use attention_backends::{Autodiff, REQUIRE_WGPU, WgpuDevice, wgpu_device};
+// The backends `backend_tests!` instantiates its bodies on, reached as `$crate::…`.
+#[doc(hidden)]
+pub use attention_backends::{Flex, NdArray, Wgpu};
 
 /// The wgpu device for a test, or `None` (after saying why on stderr) when there is no adapter
-/// and [`REQUIRE_WGPU`] is not set.
+/// and `REQUIRE_WGPU` is not set.
 ///
 /// # Panics
-/// When there is no adapter and [`REQUIRE_WGPU`] is set to anything but `0` or empty.
+/// When there is no adapter and `REQUIRE_WGPU` is set to anything but `0` or empty.
 pub fn wgpu_device_for_test(test: &str) -> Option<WgpuDevice> {
     match wgpu_device() {
         Ok(device) => Some(device),
