@@ -192,7 +192,7 @@ impl PackedWeights {
             .zip(self.panels.par_chunks(per_task * self.k * PANEL))
             .for_each(|(out, panels)| {
                 if let [pass] = passes.as_slice() {
-                    simd::rows_times_panels_f32(&pass.x_by_feature, rows, panels, out);
+                    simd::rows_times_panels_f32(&pass.x_by_feature, rows, panels, 0..self.k, out);
                     return;
                 }
                 // Rows in passes that fit the registers, each over the same panels.
@@ -200,7 +200,13 @@ impl PackedWeights {
                 for pass in &passes {
                     let (first, count) = (pass.first, pass.rows);
                     part.resize(out.len() / rows * count, 0.0);
-                    simd::rows_times_panels_f32(&pass.x_by_feature, count, panels, &mut part);
+                    simd::rows_times_panels_f32(
+                        &pass.x_by_feature,
+                        count,
+                        panels,
+                        0..self.k,
+                        &mut part,
+                    );
                     for (out, part) in out
                         .chunks_exact_mut(rows * PANEL)
                         .zip(part.chunks_exact(count * PANEL))
@@ -219,9 +225,10 @@ impl PackedWeights {
     }
 
     /// A prefill's products, `x · weight_i + bias_i` for every packed weight: one task per block
-    /// of rows, which multiplies its rows (in passes that fit the registers) by every panel, a
-    /// few panels at a time, so that each few streams from memory once per block and from the
-    /// core's cache for each pass; the sums go straight to the outputs' rows.
+    /// of rows, which multiplies its rows (in passes that fit the registers) by a few panels at a
+    /// time, [`FEATURES_AT_ONCE`] features at a time, so that a panel's part stays in the
+    /// first-level cache for all the block's passes, and the block's inputs in the second; the
+    /// sums go to the outputs' rows once all features are added.
     ///
     /// # Shapes
     /// - `x`: `[rows, k]` row-major; `biases[i]`: `[n_i]`
@@ -234,13 +241,8 @@ impl PackedWeights {
     ) -> Vec<Vec<f32>> {
         let k = self.k;
         assert!(rows > 0 && x.len() == rows * k);
-        let pass = simd::rows_per_panel_pass();
         let threads = rayon::current_num_threads().max(1);
-        let block = rows
-            .div_ceil(2 * threads)
-            .min(MAX_BLOCK_ROWS)
-            .next_multiple_of(pass);
-        let panels_at_once = (CACHED_PANEL_BYTES / (k * PANEL * size_of::<f32>())).max(1);
+        let block = rows.div_ceil(2 * threads).min(MAX_BLOCK_ROWS);
         let mut outputs: Vec<Vec<f32>> = self.widths.iter().map(|&n| vec![0.0; rows * n]).collect();
         // Each task's rows of every output.
         let mut blocks: Vec<Vec<&mut [f32]>> =
@@ -254,18 +256,31 @@ impl PackedWeights {
             .into_par_iter()
             .zip(x.par_chunks(block * k))
             .for_each(|(mut outputs, x)| {
-                let passes = Pass::all(x, k, pass);
-                let mut sums = Vec::new();
-                for (group, panels) in self.panels.chunks(panels_at_once * k * PANEL).enumerate() {
-                    let segments = &self.segments[group * panels_at_once..];
-                    for pass in &passes {
-                        sums.resize(panels.len() / k * pass.rows, 0.0);
-                        simd::rows_times_panels_f32(
-                            &pass.x_by_feature,
-                            pass.rows,
-                            panels,
-                            &mut sums,
-                        );
+                let passes = Pass::all(x, k, simd::rows_per_panel_pass());
+                let mut sums: Vec<Vec<f32>> = passes.iter().map(|_| Vec::new()).collect();
+                let group_weights = PANELS_AT_ONCE * k * PANEL;
+                for (group, panels) in self.panels.chunks(group_weights).enumerate() {
+                    let count = panels.len() / (k * PANEL);
+                    for (sums, pass) in sums.iter_mut().zip(&passes) {
+                        sums.resize(count * pass.rows * PANEL, 0.0);
+                    }
+                    for start in (0..k).step_by(FEATURES_AT_ONCE) {
+                        let features = start..(start + FEATURES_AT_ONCE).min(k);
+                        for (panel_index, panel) in panels.chunks_exact(k * PANEL).enumerate() {
+                            for (sums, pass) in sums.iter_mut().zip(&passes) {
+                                let size = pass.rows * PANEL;
+                                simd::rows_times_panels_f32(
+                                    &pass.x_by_feature,
+                                    pass.rows,
+                                    panel,
+                                    features.clone(),
+                                    &mut sums[panel_index * size..][..size],
+                                );
+                            }
+                        }
+                    }
+                    let segments = &self.segments[group * PANELS_AT_ONCE..];
+                    for (sums, pass) in sums.iter().zip(&passes) {
                         for (sums, segments) in sums.chunks_exact(pass.rows * PANEL).zip(segments) {
                             self.write_rows(sums, pass.first, segments, biases, &mut outputs);
                         }
@@ -331,12 +346,16 @@ fn segments(widths: &[usize]) -> Vec<Vec<Segment>> {
 }
 
 /// The most rows one task of [`PackedWeights::product_of_many_rows`] takes: its inputs, by
-/// feature, stay in the core's cache beside the panels.
+/// feature, stay in the core's second-level cache.
 const MAX_BLOCK_ROWS: usize = 128;
 
-/// The bytes of panels one task multiplies its rows by before it moves on: a part of a core's
-/// second-level cache.
-const CACHED_PANEL_BYTES: usize = 384 * 1024;
+/// The features one call of the panel product adds: a panel's part, `FEATURES_AT_ONCE × PANEL`
+/// weights, stays in the core's first-level cache while a block's passes take it in turn.
+const FEATURES_AT_ONCE: usize = 256;
+
+/// The panels one task of [`PackedWeights::product_of_many_rows`] multiplies its rows by before
+/// it writes their sums out: the sums of a block's rows for them stay in the core's cache.
+const PANELS_AT_ONCE: usize = 8;
 
 /// Lanes of one panel that are columns of one weight.
 #[derive(Debug, Clone)]
@@ -359,27 +378,31 @@ struct Pass {
 }
 
 impl Pass {
-    /// `x`'s rows in passes of at most `rows` each.
+    /// `x`'s rows in as few passes of at most `rows` each as there can be, of sizes that differ
+    /// by one at most (a last pass of a few rows would leave most of the registers idle).
     ///
     /// # Shapes
     /// - `x`: `[rows_of_x, k]` row-major
     fn all(x: &[f32], k: usize, rows: usize) -> Vec<Self> {
         let rows_of_x = x.len() / k;
-        (0..rows_of_x)
-            .step_by(rows)
-            .map(|first| {
-                let count = rows.min(rows_of_x - first);
+        let passes = rows_of_x.div_ceil(rows);
+        let mut first = 0;
+        (0..passes)
+            .map(|pass| {
+                let count = rows_of_x / passes + usize::from(pass < rows_of_x % passes);
                 let mut x_by_feature = vec![0.0f32; k * count];
                 for (row, x) in x.chunks_exact(k).skip(first).take(count).enumerate() {
                     for (feature, &x) in x.iter().enumerate() {
                         x_by_feature[feature * count + row] = x;
                     }
                 }
-                Self {
+                let pass = Self {
                     first,
                     rows: count,
                     x_by_feature,
-                }
+                };
+                first += count;
+                pass
             })
             .collect()
     }
@@ -432,6 +455,30 @@ mod tests {
             for (ours, expected) in one_pass[0].iter().zip(expected) {
                 assert!((f64::from(*ours) - expected).abs() <= 1e-5 * (1.0 + expected.abs()));
             }
+        }
+    }
+
+    /// A prefill's products add each output's terms in the order a decoding step's do, whatever
+    /// its blocks of rows, passes, groups of panels and runs of features: the same bits as the
+    /// rows taken one at a time, on widths that end inside a panel and inside a run of features.
+    #[test]
+    fn a_prefill_sums_as_a_decoding_step_does() {
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let (k, n) = (2 * FEATURES_AT_ONCE + 89, (PANELS_AT_ONCE + 2) * PANEL + 7);
+        let weight = Tensor::<Flex, 2>::random([k, n], normal, &device);
+        let host = HostMatrix::of(&weight).expect("bare flex");
+        let packed = PackedWeights::pack(&[&host]);
+        let bias: Vec<f32> = (0..n).map(|i| i as f32 / 7.0).collect();
+        for rows in [9, 15, 29, 40] {
+            let x = Tensor::<Flex, 2>::random([rows, k], normal, &device);
+            let x = x.into_data().into_vec::<f32>().expect("f32");
+            let prefill = packed.product_of_many_rows(&x, rows, &[Some(&bias)]);
+            let row_by_row: Vec<f32> = x
+                .chunks_exact(k)
+                .flat_map(|row| packed.product(row, 1, &[Some(&bias)]).remove(0))
+                .collect();
+            assert_eq!(prefill[0], row_by_row, "{rows} rows");
         }
     }
 

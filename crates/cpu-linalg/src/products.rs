@@ -395,9 +395,10 @@ mod tests {
     }
 
     /// [`product`] against Burn's matmul (plus bias), every [`Reuse`]: a decoding step's row
-    /// counts (1 to 8) and a prefill's (9, 33, 65, 130: several blocks of rows), widths that are
+    /// counts (1 to 8) and a prefill's (9, 33, 40, 65, 130: several blocks of rows), widths that are
     /// not multiples of the 16 lanes nor the packed panels, both weight layouts, with and without
-    /// a bias, and inputs long enough that a prefill's panels are taken a few at a time.
+    /// a bias, and inputs and outputs wide enough that a prefill takes its features and its
+    /// panels a few at a time.
     fn equals_burns_product<B: Backend>() {
         let device = Default::default();
         let caches = Default::default();
@@ -411,6 +412,7 @@ mod tests {
             (65, 100, 130),
             (130, 48, 200),
             (33, 1000, 130),
+            (40, 300, 300),
         ] {
             let x = Tensor::<B, 2>::random([rows, k], Distribution::Normal(0.0, 1.0), &device);
             let row_major = Tensor::<B, 2>::random([k, n], Distribution::Normal(0.0, 1.0), &device);

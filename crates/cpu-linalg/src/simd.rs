@@ -128,17 +128,18 @@ dispatch!(pub(crate) fn rows_times_column_major_f32(
     out: &mut [f32]
 ) -> () = portable::rows_times_column_major);
 
-/// `out = x · panels` (see `portable::rows_times_panels`) on the CPU's widest fused
-/// multiply-add: written with intrinsics, because the compiler vectorizes the portable body's
-/// `rows × PANEL` sums across rows, with gathers, and spills them.
+/// `out = x · panels` over a range of the features (see `portable::rows_times_panels`) on the
+/// CPU's widest fused multiply-add: written with intrinsics, because the compiler vectorizes the
+/// portable body's `rows × PANEL` sums across rows, with gathers, and spills them.
 ///
 /// # Panics
-/// When `rows` is 0 or over [`rows_per_panel_pass`], or the slices are shorter than the shapes
-/// say.
+/// When `rows` is 0 or over [`rows_per_panel_pass`], `features` is not within the `k` features,
+/// or the slices are shorter than the shapes say.
 pub(super) fn rows_times_panels_f32(
     x_by_feature: &[f32],
     rows: usize,
     panels: &[f32],
+    features: Range<usize>,
     out: &mut [f32],
 ) {
     assert!(
@@ -150,8 +151,10 @@ pub(super) fn rows_times_panels_f32(
     assert!(
         x_by_feature.len() == k * rows
             && panels.len() == count * k * PANEL
-            && out.len() == count * rows * PANEL,
-        "{rows} rows of {k} features, {} panel weights, {} outputs",
+            && out.len() == count * rows * PANEL
+            && features.start <= features.end
+            && features.end <= k,
+        "{rows} rows of {k} features, {} panel weights, {} outputs, features {features:?}",
         panels.len(),
         out.len()
     );
@@ -159,15 +162,15 @@ pub(super) fn rows_times_panels_f32(
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F (detected just above); the shapes were checked.
-            return unsafe { x86::panels_avx512(x_by_feature, rows, panels, out) };
+            return unsafe { x86::panels_avx512(x_by_feature, rows, panels, features, out) };
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: the CPU has AVX2 and FMA (detected just above); the shapes were checked.
-            return unsafe { x86::panels_avx2(x_by_feature, rows, panels, out) };
+            return unsafe { x86::panels_avx2(x_by_feature, rows, panels, features, out) };
         }
     }
-    portable::rows_times_panels(x_by_feature, rows, panels, out);
+    portable::rows_times_panels(x_by_feature, rows, panels, features, out);
 }
 
 /// [`rows_times_panels_f32`]'s bodies: each panel's sums in `rows × 2` AVX-512 or `rows × 4`
@@ -175,8 +178,9 @@ pub(super) fn rows_times_panels_f32(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+    use std::ops::Range;
 
-    use super::PANEL;
+    use super::{AVX2_PANEL_ROWS, AVX512_PANEL_ROWS, PANEL};
 
     /// `$body::<R>$args` for the `R` among `$counts` that equals `$rows`.
     macro_rules! by_rows {
@@ -190,29 +194,42 @@ mod x86 {
 
     /// # Safety
     /// The CPU has AVX-512F; `x_by_feature` is `[k, rows]`, `panels` `[count, k, PANEL]`,
-    /// `out` `[count, rows, PANEL]`, `rows` from 1 to 8.
+    /// `out` `[count, rows, PANEL]`, `rows` from 1 to [`AVX512_PANEL_ROWS`], `features` within
+    /// `0..k`.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn panels_avx512(
         x_by_feature: &[f32],
         rows: usize,
         panels: &[f32],
+        features: Range<usize>,
         out: &mut [f32],
     ) {
+        const _: () = assert!(AVX512_PANEL_ROWS == 14);
         // SAFETY: the caller's contract, passed on.
-        unsafe { by_rows!(avx512, rows, (x_by_feature, panels, out), [1 2 3 4 5 6 7 8]) }
+        unsafe {
+            by_rows!(
+                avx512,
+                rows,
+                (x_by_feature, panels, features, out),
+                [1 2 3 4 5 6 7 8 9 10 11 12 13 14]
+            )
+        }
     }
 
     /// # Safety
-    /// The CPU has AVX2 and FMA; the shapes as [`panels_avx512`]'s, `rows` from 1 to 3.
+    /// The CPU has AVX2 and FMA; the shapes as [`panels_avx512`]'s, `rows` from 1 to
+    /// [`AVX2_PANEL_ROWS`].
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn panels_avx2(
         x_by_feature: &[f32],
         rows: usize,
         panels: &[f32],
+        features: Range<usize>,
         out: &mut [f32],
     ) {
+        const _: () = assert!(AVX2_PANEL_ROWS == 3);
         // SAFETY: the caller's contract, passed on.
-        unsafe { by_rows!(avx2, rows, (x_by_feature, panels, out), [1 2 3]) }
+        unsafe { by_rows!(avx2, rows, (x_by_feature, panels, features, out), [1 2 3]) }
     }
 
     /// One instruction set's panel product, `R` rows: `$vector` registers of `$lanes` floats,
@@ -222,16 +239,31 @@ mod x86 {
          $zero:ident, $load:ident, $splat:ident, $fmadd:ident, $store:ident) => {
             /// # Safety
             /// The CPU has the instruction set; `x_by_feature` is `[k, R]`, `panels`
-            /// `[count, k, PANEL]`, `out` `[count, R, PANEL]`.
+            /// `[count, k, PANEL]`, `out` `[count, R, PANEL]`, `features` within `0..k`.
             #[target_feature(enable = $feature)]
-            unsafe fn $name<const R: usize>(x_by_feature: &[f32], panels: &[f32], out: &mut [f32]) {
+            unsafe fn $name<const R: usize>(
+                x_by_feature: &[f32],
+                panels: &[f32],
+                features: Range<usize>,
+                out: &mut [f32],
+            ) {
                 const VECTORS: usize = PANEL / $lanes;
                 let k = x_by_feature.len() / R;
+                let x_by_feature = &x_by_feature[features.start * R..features.end * R];
                 for (panel, out) in panels
                     .chunks_exact(k * PANEL)
                     .zip(out.chunks_exact_mut(R * PANEL))
                 {
+                    let panel = &panel[features.start * PANEL..features.end * PANEL];
                     let mut sums: [[$vector; VECTORS]; R] = [[$zero(); VECTORS]; R];
+                    if features.start > 0 {
+                        for (sums, out) in sums.iter_mut().zip(out.chunks_exact(PANEL)) {
+                            for (i, sum) in sums.iter_mut().enumerate() {
+                                // SAFETY: `out` is PANEL = VECTORS · $lanes elements.
+                                *sum = unsafe { $load(out.as_ptr().add($lanes * i)) };
+                            }
+                        }
+                    }
                     for (xs, weights) in x_by_feature.chunks_exact(R).zip(panel.chunks_exact(PANEL))
                     {
                         let mut vectors: [$vector; VECTORS] = [$zero(); VECTORS];
@@ -291,14 +323,21 @@ pub(crate) const MAX_PRODUCT_ROWS: usize = 8;
 /// The output columns of one panel of a packed weight (`packed.rs`): two AVX-512 vectors.
 pub(super) const PANEL: usize = 32;
 
+/// The rows one pass of [`rows_times_panels_f32`] takes on a CPU with AVX-512: their
+/// `rows × 2` sums, the panel's 2 weight vectors and a broadcast fill its 32 vector registers.
+const AVX512_PANEL_ROWS: usize = 14;
+
+/// The rows of a pass with AVX2: `rows × 4` sums and 4 weight vectors in its 16 registers.
+const AVX2_PANEL_ROWS: usize = 3;
+
 /// The most rows one pass of [`rows_times_panels_f32`] takes on this CPU: their `rows × PANEL`
-/// sums stay in vector registers (16 of AVX-512's 32, 12 of AVX2's 16).
+/// sums stay in vector registers.
 pub(super) fn rows_per_panel_pass() -> usize {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
-        return MAX_PRODUCT_ROWS;
+        return AVX512_PANEL_ROWS;
     }
-    3
+    AVX2_PANEL_ROWS
 }
 
 /// The bodies, written so that the compiler vectorizes them at whatever width the instruction
@@ -374,42 +413,66 @@ mod portable {
         }
     }
 
-    /// `out = x · panels`, panel by panel: each panel's `rows × PANEL` sums held in registers
-    /// while its `k` weight rows stream by in order.
+    /// `out = x · panels`, each panel's `rows × PANEL` sums over `features`, added to the sums
+    /// over the features before them that `out` holds (unread when `features` starts at 0):
+    /// a product taken over a few hundred features at a time keeps its operands in the core's
+    /// first-level cache.
     ///
     /// # Shapes
     /// - `x_by_feature`: `[k, rows]` (the input transposed: one feature of every row together)
     /// - `panels`: `[panels, k, PANEL]`; `out`: `[panels, rows, PANEL]`
     ///
     /// # Panics
-    /// When `rows` is 0 or over 8, or the slices are shorter than the shapes say.
+    /// When `rows` is 0 or over 14, or the slices are shorter than the shapes say.
     #[inline(always)]
-    pub fn rows_times_panels(x_by_feature: &[f32], rows: usize, panels: &[f32], out: &mut [f32]) {
+    pub fn rows_times_panels(
+        x_by_feature: &[f32],
+        rows: usize,
+        panels: &[f32],
+        features: Range<usize>,
+        out: &mut [f32],
+    ) {
+        let args = (x_by_feature, panels, features, out);
         match rows {
-            1 => panels_of::<1>(x_by_feature, panels, out),
-            2 => panels_of::<2>(x_by_feature, panels, out),
-            3 => panels_of::<3>(x_by_feature, panels, out),
-            4 => panels_of::<4>(x_by_feature, panels, out),
-            5 => panels_of::<5>(x_by_feature, panels, out),
-            6 => panels_of::<6>(x_by_feature, panels, out),
-            7 => panels_of::<7>(x_by_feature, panels, out),
-            8 => panels_of::<8>(x_by_feature, panels, out),
-            _ => panic!("{rows} rows: a product takes 1 to 8"),
+            1 => panels_of::<1>(args),
+            2 => panels_of::<2>(args),
+            3 => panels_of::<3>(args),
+            4 => panels_of::<4>(args),
+            5 => panels_of::<5>(args),
+            6 => panels_of::<6>(args),
+            7 => panels_of::<7>(args),
+            8 => panels_of::<8>(args),
+            9 => panels_of::<9>(args),
+            10 => panels_of::<10>(args),
+            11 => panels_of::<11>(args),
+            12 => panels_of::<12>(args),
+            13 => panels_of::<13>(args),
+            14 => panels_of::<14>(args),
+            _ => panic!("{rows} rows: a panel product takes 1 to 14"),
         }
     }
 
     #[inline(always)]
-    fn panels_of<const R: usize>(x_by_feature: &[f32], panels: &[f32], out: &mut [f32]) {
+    fn panels_of<const R: usize>(
+        (x_by_feature, panels, features, out): (&[f32], &[f32], Range<usize>, &mut [f32]),
+    ) {
         let k = x_by_feature.len() / R;
-        let features = x_by_feature
+        let x_by_feature = &x_by_feature[features.start * R..features.end * R];
+        let by_feature = x_by_feature
             .chunks_exact(R)
             .map(|x| -> &[f32; R] { x.try_into().expect("R features") });
         for (panel, out) in panels
             .chunks_exact(k * PANEL)
             .zip(out.chunks_exact_mut(R * PANEL))
         {
+            let panel = &panel[features.start * PANEL..features.end * PANEL];
             let mut sums = [[0.0f32; PANEL]; R];
-            for (xs, weights) in features.clone().zip(panel.chunks_exact(PANEL)) {
+            if features.start > 0 {
+                for (sums, out) in sums.iter_mut().zip(out.chunks_exact(PANEL)) {
+                    sums.copy_from_slice(out);
+                }
+            }
+            for (xs, weights) in by_feature.clone().zip(panel.chunks_exact(PANEL)) {
                 let weights: &[f32; PANEL] = weights.try_into().expect("PANEL weights");
                 for (sums, &x) in sums.iter_mut().zip(xs) {
                     for (sum, &w) in sums.iter_mut().zip(weights) {
@@ -657,8 +720,8 @@ mod tests {
     }
 
     /// The dispatched few-row products round exactly as their portable bodies (the same sums in
-    /// the same order, only wider), for every row count, both layouts and packed panels, on a
-    /// feature range and a column range that start inside the weight.
+    /// the same order, only wider), for every row count and both layouts, on a feature range
+    /// and a column range that start inside the weight.
     #[test]
     fn few_row_products_are_their_portable_bodies() {
         let (k, n) = (37, 70);
@@ -689,16 +752,28 @@ mod tests {
             // The first output against a plain sum: `x[0] · weight[.., 3] + bias[3]`.
             let plain: f32 = (0..k).map(|i| x[i] * weight[3 * k + i]).sum::<f32>() + bias[3];
             assert!((got[0] - plain).abs() <= 1e-5 * (1.0 + plain.abs()));
-            // `weight` as 2 panels of `[k, PANEL]` (the packed layout), all rows' features side
-            // by side.
-            let panels = &weight[..2 * k * PANEL];
+        }
+    }
+
+    /// The dispatched panel products against their portable body (which rounds each product
+    /// and sum apart), for every row count a pass takes, in passes of the rows this CPU's
+    /// registers hold; and taken over two runs of features, the same bits as over all at once.
+    #[test]
+    fn panel_products_are_their_portable_bodies() {
+        let k = 37;
+        // `weight` as 2 panels of `[k, PANEL]` (the packed layout).
+        let weight = values(2 * k * PANEL, 11);
+        let panels = weight.as_slice();
+        for rows in 1..=AVX512_PANEL_ROWS {
+            let x = values(rows * k, rows as u32);
+            // All rows' features side by side.
             let x_by_feature: Vec<f32> = (0..k * rows)
                 .map(|i| x[(i % rows) * k + i / rows])
                 .collect();
             let mut expected = vec![0.0; 2 * rows * PANEL];
-            portable::rows_times_panels(&x_by_feature, rows, panels, &mut expected);
+            portable::rows_times_panels(&x_by_feature, rows, panels, 0..k, &mut expected);
             // The dispatched panels fuse each multiply-add (one rounding, not two), in passes
-            // of the rows the registers hold.
+            // of the rows the registers hold, and in two runs of features.
             let pass = rows_per_panel_pass().min(rows);
             let rows_of = |xs: &[f32], first: usize, count: usize| -> Vec<f32> {
                 xs.chunks_exact(rows)
@@ -708,13 +783,13 @@ mod tests {
             };
             for first in (0..rows).step_by(pass) {
                 let count = pass.min(rows - first);
-                let mut got = vec![0.0; 2 * count * PANEL];
-                rows_times_panels_f32(
-                    &rows_of(&x_by_feature, first, count),
-                    count,
-                    panels,
-                    &mut got,
-                );
+                let x_by_feature = rows_of(&x_by_feature, first, count);
+                let mut got = vec![f32::NAN; 2 * count * PANEL];
+                rows_times_panels_f32(&x_by_feature, count, panels, 0..k, &mut got);
+                let mut in_two_runs = vec![f32::NAN; 2 * count * PANEL];
+                rows_times_panels_f32(&x_by_feature, count, panels, 0..20, &mut in_two_runs);
+                rows_times_panels_f32(&x_by_feature, count, panels, 20..k, &mut in_two_runs);
+                assert_eq!(in_two_runs, got, "panels in two runs of features, {rows} rows");
                 for (panel, got) in got.chunks_exact(count * PANEL).enumerate() {
                     let expected = &expected[(panel * rows + first) * PANEL..][..count * PANEL];
                     for (got, expected) in got.iter().zip(expected) {
