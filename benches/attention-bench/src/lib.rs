@@ -230,7 +230,7 @@ fn forward_fn<B: Backend>(
             let path = implementation.path();
             Box::new(move |x| {
                 layer
-                    .forward_with(AttentionInput::new(x).path(path))
+                    .try_forward(AttentionInput::new(x).path(path))
                     .expect("valid shape")
             })
         }
@@ -367,7 +367,7 @@ pub fn prepare<B: Backend>(
                 run: Box::new(move || {
                     for _ in 0..calls {
                         let y = layer
-                            .forward_cached_with(
+                            .forward_cached(
                                 AttentionInput::new(token.clone()).path(path),
                                 &mut cache,
                             )

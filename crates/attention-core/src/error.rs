@@ -5,7 +5,7 @@ use thiserror::Error;
 /// What was wrong with a [config](crate::MultiHeadAttentionConfig), an input or a
 /// [cache](crate::KvCache).
 ///
-/// Every fallible method returns it (`try_init`, `try_forward`, `forward_with`,
+/// Every fallible method returns it (`try_init`, `try_forward`,
 /// `forward_cached`, …); the panicking variants (`init`, `forward`) panic with its message.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum AttentionError {

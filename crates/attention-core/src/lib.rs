@@ -28,6 +28,8 @@
 //! - [`AttentionPath`]: the explicit and the fused attention core (`attend.rs`); which code runs
 //!   for a path on a backend is decided in one place, `route.rs`. [`causal_attention`]: the core
 //!   alone, on projections a model made itself.
+//! - [`RmsNorm`]: the one RMSNorm, `w` or Gemma's `1 + w` (`rms_norm.rs`): the q/k norms, and
+//!   the `gpt` crate's block norms.
 //! - [`mask`]: causal and key-padding masks.
 //! - [`Kernel`]: the attention kernels of this crate's own and the backends they run on, all
 //!   named in one place (`kernels/backends.rs`); `kernels/cpu/` is the CPU kernel behind the fused
@@ -44,6 +46,7 @@ mod kernels;
 pub mod mask;
 mod mha;
 mod qk_norm;
+mod rms_norm;
 mod rope;
 mod route;
 pub mod weights;
@@ -67,4 +70,5 @@ pub use mha::{
     MultiHeadAttentionConfig,
 };
 pub use qk_norm::{QkNorm, QkNormConfig, QkNormScope};
+pub use rms_norm::{RmsNorm, RmsNormConfig};
 pub use rope::{Llama3Scaling, RopeConfig, RopeLayout, RopeScaling};

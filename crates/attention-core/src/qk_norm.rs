@@ -1,15 +1,16 @@
 //! RMSNorm of the queries and keys with learned weights, after the projections and before RoPE:
 //! per head (Qwen3, Gemma 3) or over the whole projected width (OLMo2).
 //!
-//! `norm(x) = x · rsqrt(mean(x², last) + eps) · w`, or `· (1 + w)` in Gemma's convention
-//! ([`QkNormConfig::unit_offset`]). [`MultiHeadAttention`](crate::MultiHeadAttention) applies it in
-//! its one projection step, so every path (explicit, the kernels' forward and backward, cached)
-//! sees the normalized heads, and the weights' gradients flow through Burn's own ops.
+//! Each norm is an [`RmsNorm`]: `x / √(mean(x², last) + eps) · w`, or `· (1 + w)` in Gemma's
+//! convention ([`QkNormConfig::unit_offset`]). [`MultiHeadAttention`](crate::MultiHeadAttention)
+//! applies it in its one projection step, so every path (explicit, the kernels' forward and
+//! backward, cached) sees the normalized heads, and the weights' gradients flow through Burn's
+//! own ops.
 
-use burn::module::{Initializer, Param};
 use burn::prelude::*;
 
 use crate::error::AttentionError;
+use crate::rms_norm::{RmsNorm, RmsNormConfig};
 
 /// Over which features the query and key norms take their mean square.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -59,70 +60,16 @@ impl QkNormConfig {
     /// A norm over `width` features: weights of 1 (or of 0 with
     /// [`unit_offset`](Self::unit_offset)), so that a new norm scales by 1.
     pub fn init<B: Backend>(&self, width: usize, device: &B::Device) -> QkNorm<B> {
-        let initializer = if self.unit_offset {
-            Initializer::Zeros
-        } else {
-            Initializer::Ones
-        };
-        QkNorm {
-            weight: initializer.init([width], device),
-            epsilon: self.epsilon,
-            unit_offset: self.unit_offset,
-        }
+        RmsNormConfig::new(width)
+            .with_epsilon(self.epsilon)
+            .with_unit_offset(self.unit_offset)
+            .init(device)
     }
 }
 
-/// RMSNorm over the last dimension with a learned weight per feature: the query or key norm of a
-/// [`MultiHeadAttention`](crate::MultiHeadAttention).
-#[derive(Module, Debug)]
-pub struct QkNorm<B: Backend> {
-    /// One weight per normalized feature (`w`, or the offset from 1 with `unit_offset`).
-    pub weight: Param<Tensor<B, 1>>,
-    #[module(skip)]
-    epsilon: f64,
-    #[module(skip)]
-    unit_offset: bool,
-}
-
-impl<B: Backend> QkNorm<B> {
-    /// `x · rsqrt(mean(x², last) + epsilon) · w` (or `· (1 + w)` with `unit_offset`), in the
-    /// input's float type.
-    ///
-    /// # Shapes
-    /// - `x`: `[..., width]`, `width` the weight's length
-    /// - output: `[..., width]`
-    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        // `powf(-½)`, not `sqrt().recip()`: burn-ndarray 0.21's SIMD reciprocal is approximate
-        // (about 12 bits), which moved cached outputs by 2e-5 against uncached ones.
-        let inverse_rms = x
-            .clone()
-            .square()
-            .mean_dim(D - 1)
-            .add_scalar(self.epsilon)
-            .powf_scalar(-0.5);
-        let weight = if self.unit_offset {
-            self.weight.val().add_scalar(1.0)
-        } else {
-            self.weight.val()
-        };
-        x * inverse_rms * weight.unsqueeze::<D>()
-    }
-
-    /// Added to the mean square before the root.
-    pub fn epsilon(&self) -> f64 {
-        self.epsilon
-    }
-
-    /// Whether the features are multiplied by `1 + w` (Gemma) instead of `w`.
-    pub fn unit_offset(&self) -> bool {
-        self.unit_offset
-    }
-
-    /// The number of features normalized together (the weight's length).
-    pub fn width(&self) -> usize {
-        self.weight.dims()[0]
-    }
-}
+/// The query or key norm of a [`MultiHeadAttention`](crate::MultiHeadAttention): an
+/// [`RmsNorm`] over the last dimension (each head's features, or the projected width).
+pub type QkNorm<B> = RmsNorm<B>;
 
 #[cfg(test)]
 mod tests {
@@ -130,54 +77,18 @@ mod tests {
 
     use super::*;
 
-    /// The norm against the formula written out element by element.
+    /// The config's epsilon and convention reach the norm it makes.
     #[test]
-    fn forward_is_the_formula() {
-        let device = Default::default();
-        let x = [[1.0f32, -2.0, 0.5], [3.0, 0.0, -1.0]];
-        let w = [0.5f32, 2.0, -1.0];
+    fn init_keeps_the_configs_epsilon_and_convention() {
         for unit_offset in [false, true] {
-            let config = QkNormConfig::new(QkNormScope::Head)
-                .with_epsilon(1e-2)
-                .with_unit_offset(unit_offset);
-            let mut norm = config.init::<NdArray>(3, &device);
-            norm.weight = Param::from_tensor(Tensor::from_data(TensorData::from(w), &device));
-            let found = norm
-                .forward(Tensor::<NdArray, 2>::from_data(
-                    TensorData::from(x),
-                    &device,
-                ))
-                .into_data()
-                .to_vec::<f32>()
-                .unwrap();
-            for (row, values) in x.iter().enumerate() {
-                let mean_square = values.iter().map(|v| v * v).sum::<f32>() / 3.0;
-                let inverse_rms = 1.0 / (mean_square + 1e-2).sqrt();
-                for (i, value) in values.iter().enumerate() {
-                    let scale = if unit_offset { 1.0 + w[i] } else { w[i] };
-                    let expected = value * inverse_rms * scale;
-                    let got = found[row * 3 + i];
-                    assert!(
-                        (got - expected).abs() <= 1e-5,
-                        "unit_offset {unit_offset}, [{row}, {i}]: {got} vs {expected}"
-                    );
-                }
-            }
-        }
-    }
-
-    /// A new norm multiplies by 1 in either convention.
-    #[test]
-    fn a_new_norm_scales_by_one() {
-        let device = Default::default();
-        for unit_offset in [false, true] {
-            let norm = QkNormConfig::new(QkNormScope::Width)
+            let norm = QkNormConfig::new(QkNormScope::Head)
+                .with_epsilon(1e-3)
                 .with_unit_offset(unit_offset)
-                .init::<NdArray>(4, &device);
-            let weight = norm.weight.val().into_data().to_vec::<f32>().unwrap();
-            let expected = if unit_offset { 0.0 } else { 1.0 };
-            assert_eq!(weight, [expected; 4]);
-            assert_eq!(norm.width(), 4);
+                .init::<NdArray>(4, &Default::default());
+            assert_eq!(
+                (norm.epsilon, norm.unit_offset, norm.width()),
+                (1e-3, unit_offset, 4)
+            );
         }
     }
 }

@@ -7,12 +7,12 @@
 //!
 //! | call | backend | `Auto` | `Explicit` | `Fused` |
 //! |---|---|---|---|---|
-//! | [`forward_with`] | ndarray, flex (± `Autodiff`) | [`Route::CpuKernel`]¹ | [`Route::Explicit`] | [`Route::CpuKernel`] |
-//! | [`forward_with`] | wgpu (± `Autodiff`) | [`Route::GpuKernel`]¹ | [`Route::Explicit`] | [`Route::GpuKernel`] |
-//! | [`forward_with`] | others | [`Route::BurnOp`]² | [`Route::Explicit`] | [`Route::BurnOp`] |
-//! | [`forward_cached_with`] | ndarray, flex | [`Route::CpuKernel`]³ | [`Route::Explicit`] | [`Route::CpuKernel`] |
-//! | [`forward_cached_with`] | wgpu | [`Route::GpuKernel`]³ | [`Route::Explicit`] | [`Route::GpuKernel`] |
-//! | [`forward_cached_with`] | others, `Autodiff` | [`Route::BurnOp`]⁴ | [`Route::Explicit`] | [`Route::BurnOp`] |
+//! | [`try_forward`] | ndarray, flex (± `Autodiff`) | [`Route::CpuKernel`]¹ | [`Route::Explicit`] | [`Route::CpuKernel`] |
+//! | [`try_forward`] | wgpu (± `Autodiff`) | [`Route::GpuKernel`]¹ | [`Route::Explicit`] | [`Route::GpuKernel`] |
+//! | [`try_forward`] | others | [`Route::BurnOp`]² | [`Route::Explicit`] | [`Route::BurnOp`] |
+//! | [`forward_cached`] | ndarray, flex | [`Route::CpuKernel`]³ | [`Route::Explicit`] | [`Route::CpuKernel`] |
+//! | [`forward_cached`] | wgpu | [`Route::GpuKernel`]³ | [`Route::Explicit`] | [`Route::GpuKernel`] |
+//! | [`forward_cached`] | others, `Autodiff` | [`Route::BurnOp`]⁴ | [`Route::Explicit`] | [`Route::BurnOp`] |
 //! | [`forward_traced`] | any | [`Route::Explicit`] | | |
 //!
 //! [`AttentionPath::BurnOp`] is [`Route::BurnOp`] on every backend and call, for comparisons.
@@ -33,8 +33,8 @@
 //! has no sinks. A scale or a soft-cap goes to Burn's op (on wgpu it then takes its `O(T²)`
 //! fallback) and to the kernels.
 //!
-//! [`forward_with`]: crate::MultiHeadAttention::forward_with
-//! [`forward_cached_with`]: crate::MultiHeadAttention::forward_cached_with
+//! [`try_forward`]: crate::MultiHeadAttention::try_forward
+//! [`forward_cached`]: crate::MultiHeadAttention::forward_cached
 //! [`forward_traced`]: crate::MultiHeadAttention::forward_traced
 
 use burn::prelude::*;

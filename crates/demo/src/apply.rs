@@ -216,10 +216,10 @@ fn outputs<C: Backend>(
     };
     Ok(match path {
         PathArg::Explicit => {
-            let trace = layer.forward_traced_with(input(x, positions))?;
+            let trace = layer.forward_traced(input(x, positions))?;
             (trace.output, Some(trace.weights))
         }
-        PathArg::Fused => (layer.forward_with(input(x, positions))?, None),
+        PathArg::Fused => (layer.try_forward(input(x, positions))?, None),
         PathArg::Cached => {
             let [batch, seq, _] = x.dims();
             let mut cache = layer.new_cache();
@@ -229,7 +229,7 @@ fn outputs<C: Backend>(
                     let position = positions
                         .clone()
                         .map(|positions| positions.slice([0..batch, t..t + 1]));
-                    layer.forward_cached_with(input(token, position), &mut cache)
+                    layer.forward_cached(input(token, position), &mut cache)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             (Tensor::cat(steps, 1), None)

@@ -104,8 +104,8 @@ impl<B: Backend> DecoderBlock<B> {
             attention_input = attention_input.key_padding(padding.clone());
         }
         match cache {
-            Some(cache) => self.attention.forward_cached_with(attention_input, cache),
-            None => self.attention.forward_with(attention_input),
+            Some(cache) => self.attention.forward_cached(attention_input, cache),
+            None => self.attention.try_forward(attention_input),
         }
     }
 }
@@ -136,8 +136,8 @@ pub(crate) fn per_token<B: Backend>(
 #[cfg(test)]
 mod tests {
     use attention_backends::NdArray;
-    use attention_core::MultiHeadAttentionConfig;
-    use burn::nn::{LinearConfig, RmsNormConfig};
+    use attention_core::{MultiHeadAttentionConfig, RmsNormConfig};
+    use burn::nn::LinearConfig;
     use burn::tensor::{Distribution, Tolerance};
 
     use super::*;

@@ -82,7 +82,7 @@ impl<B: Backend> Decoder<B> {
     }
 
     /// One empty KV cache per block, for [`forward_cached`](Self::forward_cached) and
-    /// [`forward_with`](Self::forward_with).
+    /// [`try_forward`](Self::try_forward).
     pub fn new_caches(&self) -> Vec<KvCache<B>> {
         self.blocks
             .iter()
@@ -142,7 +142,7 @@ impl<B: Backend> Decoder<B> {
             }
             .into());
         }
-        self.forward_with(&LmInput::after(tokens, past), caches, logits)
+        self.try_forward(&LmInput::after(tokens, past), caches, logits)
     }
 
     /// Logits of every token of `input` (of the last one only with [`Logits::Last`]); with
@@ -157,7 +157,7 @@ impl<B: Backend> Decoder<B> {
     /// - `input.tokens`, `input.positions`: `[batch, seq]`; `input.key_padding`:
     ///   `[batch, cached + seq]`
     /// - output: `[batch, seq, vocab]`, or `[batch, 1, vocab]` with `Logits::Last`
-    pub fn forward_with(
+    pub fn try_forward(
         &self,
         input: &LmInput<B>,
         caches: Option<&mut [KvCache<B>]>,

@@ -313,11 +313,11 @@ impl<B: Backend> Decoder<B> {
         let mut caches = config.use_cache.then(|| self.new_caches());
         let prompt_input = sequence.input(0, device);
         let (prompt_logits, mut next_logits) = if config.prompt_logits {
-            let logits = self.forward_with(&prompt_input, caches.as_deref_mut(), Logits::All)?;
+            let logits = self.try_forward(&prompt_input, caches.as_deref_mut(), Logits::All)?;
             let last = logits.clone().narrow(1, len - 1, 1);
             (Some(logits), last)
         } else {
-            let last = self.forward_with(&prompt_input, caches.as_deref_mut(), Logits::Last)?;
+            let last = self.try_forward(&prompt_input, caches.as_deref_mut(), Logits::Last)?;
             (None, last)
         };
         let mut finished = vec![false; batch];
@@ -347,12 +347,12 @@ impl<B: Backend> Decoder<B> {
                 break;
             }
             next_logits = match caches.as_deref_mut() {
-                Some(caches) => self.forward_with(
+                Some(caches) => self.try_forward(
                     &sequence.input(sequence.len - 1, device),
                     Some(caches),
                     Logits::Last,
                 )?,
-                None => self.forward_with(&sequence.input(0, device), None, Logits::Last)?,
+                None => self.try_forward(&sequence.input(0, device), None, Logits::Last)?,
             };
         }
         let step_logits = config.step_logits.then(|| match steps.is_empty() {

@@ -19,7 +19,7 @@
 //! assert_eq!(tokens.len(), 2 + 5);
 //! ```
 //!
-//! - `norm.rs`: [`Norm`] and Gemma's [`UnitOffsetRmsNorm`].
+//! - `norm.rs`: [`Norm`], a LayerNorm or an [`RmsNorm`](attention_core::RmsNorm).
 //! - `mlp.rs`: [`Mlp`] and its [`Activation`]s.
 //! - `input.rs`: [`LmInput`], a forward pass's tokens, positions and padding; [`Logits`].
 //! - `block.rs`: [`DecoderBlock`], and the per-token rows its MLP runs on.
@@ -50,5 +50,5 @@ pub use generate::{GenerateConfig, GenerateError, Generation, Prompts, PromptsEr
 pub use input::{LmInput, Logits};
 pub use mlp::{Activation, GatedMlp, Mlp, PlainMlp};
 pub use named::{load_parameters, named_parameters, parameter_shapes};
-pub use norm::{Norm, UnitOffsetRmsNorm};
+pub use norm::Norm;
 pub use sampling::{Sampler, Sampling, SamplingError};

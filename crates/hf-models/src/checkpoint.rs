@@ -5,12 +5,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use attention_core::weights::{StateDict, WeightsError, contiguous};
-use attention_core::{MultiHeadAttention, MultiHeadAttentionConfig};
+use attention_core::{MultiHeadAttention, MultiHeadAttentionConfig, RmsNorm, RmsNormConfig};
 use burn::module::Param;
-use burn::nn::{
-    Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig, RmsNorm,
-    RmsNormConfig,
-};
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::prelude::*;
 use tensor_files::{FileError, MAX_JSON_BYTES};
 use thiserror::Error;
@@ -514,13 +511,12 @@ impl Checkpoint {
     pub(crate) fn rms_norm<B: Backend>(
         &mut self,
         prefix: &str,
-        width: usize,
-        epsilon: f64,
+        config: &RmsNormConfig,
         device: &B::Device,
     ) -> Result<RmsNorm<B>, LoadError> {
-        let mut norm = RmsNormConfig::new(width).with_epsilon(epsilon).init(device);
+        let mut norm = config.init(device);
         norm.gamma =
-            Param::from_tensor(self.tensor(&format!("{prefix}.weight"), [width], device)?);
+            Param::from_tensor(self.tensor(&format!("{prefix}.weight"), [config.width], device)?);
         Ok(norm)
     }
 }

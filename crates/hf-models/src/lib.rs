@@ -48,6 +48,5 @@ pub use config::{
 pub use gpt::{
     Activation, Decoder, DecoderBlock, GatedMlp, GenerateConfig, GenerateError, Generation,
     LmInput, Mlp, Norm, PlainMlp, Prompts, PromptsError, Sampling, SamplingError,
-    UnitOffsetRmsNorm,
 };
 pub use model::{CausalLm, ModelError};

@@ -8,10 +8,10 @@
 //! tanh-GELU MLP, its own score scale, soft-capped scores (Gemma 2) and logits, RoPE per layer
 //! type (Gemma 3).
 
-use attention_core::{MultiHeadAttentionConfig, QkNormConfig};
+use attention_core::{MultiHeadAttentionConfig, QkNormConfig, RmsNormConfig};
 use burn::nn::DropoutConfig;
 use burn::prelude::*;
-use gpt::{Decoder, DecoderBlock, GatedMlp, Mlp, Norm, UnitOffsetRmsNorm};
+use gpt::{Decoder, DecoderBlock, GatedMlp, Mlp, Norm};
 
 use crate::checkpoint::{Checkpoint, LoadError, QkvTensors, Size};
 use crate::config::{BlockNorms, LlamaConfig};
@@ -125,16 +125,11 @@ pub(crate) fn load<B: Backend>(
         &sizes,
     )?;
     let rms_norm = |checkpoint: &mut Checkpoint, name: &str| {
-        let norm = checkpoint.rms_norm(name, width, config.rms_norm_eps, device)?;
-        Ok::<_, LoadError>(if config.unit_offset_norms {
-            // Gemma's `1 + w`: the file's `w` is kept as it is (see `UnitOffsetRmsNorm`).
-            Norm::UnitOffsetRms(UnitOffsetRmsNorm {
-                gamma: norm.gamma,
-                epsilon: norm.epsilon,
-            })
-        } else {
-            Norm::Rms(norm)
-        })
+        // Gemma's `1 + w`: the file's `w` is kept as it is (see `RmsNorm::unit_offset`).
+        let norm = RmsNormConfig::new(width)
+            .with_epsilon(config.rms_norm_eps)
+            .with_unit_offset(config.unit_offset_norms);
+        Ok::<_, LoadError>(Norm::Rms(checkpoint.rms_norm(name, &norm, device)?))
     };
     let qkv = if config.fused_projections {
         QkvTensors::Fused

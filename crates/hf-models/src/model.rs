@@ -160,7 +160,7 @@ impl<B: Backend> CausalLm<B> {
         logits: Logits,
     ) -> Result<Tensor<B, 3>, ModelError> {
         self.decoder
-            .forward_with(input, caches, logits)
+            .try_forward(input, caches, logits)
             .map_err(ModelError::from)
     }
 

@@ -19,6 +19,9 @@ use super::*;
 /// );
 /// let input = AttentionInput::new(x).key_padding(padding).path(AttentionPath::Explicit);
 /// ```
+///
+/// Every forward pass of [`MultiHeadAttention`] takes an input or a bare tensor alike
+/// (`impl Into<AttentionInput<B>>`): a tensor is [`AttentionInput::new`] of it.
 #[derive(Debug, Clone)]
 pub struct AttentionInput<B: Backend> {
     pub(super) x: Tensor<B, 3>,
@@ -64,6 +67,12 @@ impl<B: Backend> AttentionInput<B> {
     pub fn path(mut self, path: AttentionPath) -> Self {
         self.path = path;
         self
+    }
+}
+
+impl<B: Backend> From<Tensor<B, 3>> for AttentionInput<B> {
+    fn from(x: Tensor<B, 3>) -> Self {
+        Self::new(x)
     }
 }
 

@@ -152,7 +152,8 @@ impl<B: Backend> MultiHeadAttention<B> {
         .with_sinks(self.sinks.is_some())
     }
 
-    /// Causal self-attention over `x`.
+    /// Causal self-attention over `input`: a tensor `x`, or an [`AttentionInput`] with a
+    /// key-padding mask, positions or a path.
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, input_dim]` with `1 ≤ seq ≤ context_length`
@@ -160,32 +161,28 @@ impl<B: Backend> MultiHeadAttention<B> {
     ///
     /// # Panics
     /// With the message of [`try_forward`](Self::try_forward)'s error.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.try_forward(x)
+    pub fn forward(&self, input: impl Into<AttentionInput<B>>) -> Tensor<B, 3> {
+        self.try_forward(input)
             .unwrap_or_else(|error| panic!("{error}"))
     }
 
-    /// Causal self-attention over `x`, or the reason `x` does not fit the layer.
+    /// Causal self-attention over `input` (a tensor `x` or an [`AttentionInput`]), or the
+    /// reason it does not fit the layer.
     ///
-    /// Takes [`AttentionPath::Auto`]: the fused path, except under autodiff with active dropout
-    /// or on a backend without a fused backward of this crate's (see [`AttentionPath::Auto`]).
-    ///
-    /// # Shapes
-    /// - `x`: `[batch, seq, input_dim]` with `1 ≤ seq ≤ context_length`
-    /// - output: `[batch, seq, output_dim]`
-    pub fn try_forward(&self, x: Tensor<B, 3>) -> Result<Tensor<B, 3>, AttentionError> {
-        self.forward_with(AttentionInput::new(x))
-    }
-
-    /// Causal self-attention with an optional key-padding mask, on a chosen path.
-    ///
-    /// A query whose every key is masked (a padding token on the left of a left-padded
-    /// sequence) gets a zero context, never NaN.
+    /// A tensor takes [`AttentionPath::Auto`]: the fused path, except under autodiff with active
+    /// dropout or on a backend without a fused backward of this crate's (see
+    /// [`AttentionPath::Auto`]). A query whose every key is masked (a padding token on the left
+    /// of a left-padded sequence) gets a zero context, never NaN.
     ///
     /// # Shapes
-    /// - `input.x`: `[batch, seq, input_dim]`; `input.key_padding`: `[batch, seq]`
+    /// - `x`: `[batch, seq, input_dim]` with `1 ≤ seq ≤ context_length`; a key-padding mask and
+    ///   positions `[batch, seq]`
     /// - output: `[batch, seq, output_dim]`
-    pub fn forward_with(&self, input: AttentionInput<B>) -> Result<Tensor<B, 3>, AttentionError> {
+    pub fn try_forward(
+        &self,
+        input: impl Into<AttentionInput<B>>,
+    ) -> Result<Tensor<B, 3>, AttentionError> {
+        let input = input.into();
         let (x, key_padding, positions, path) = self.checked(input)?;
         let [batch, seq, _] = x.dims();
         let route = self.route(path, Call::Full);
@@ -234,25 +231,17 @@ impl<B: Backend> MultiHeadAttention<B> {
     }
 
     /// The explicit forward pass, returning what the source chapter prints on the way: raw scores,
-    /// masked scores and attention weights.
+    /// masked scores and attention weights. `input` is a tensor or an [`AttentionInput`] (whose
+    /// path is ignored: the trace is the explicit path's).
     ///
     /// # Shapes
-    /// - `x`: `[batch, seq, input_dim]`
+    /// - `x`: `[batch, seq, input_dim]`; a key-padding mask and positions `[batch, seq]`
     /// - output: see [`AttentionTrace`]
-    pub fn forward_traced(&self, x: Tensor<B, 3>) -> Result<AttentionTrace<B>, AttentionError> {
-        self.forward_traced_with(AttentionInput::new(x))
-    }
-
-    /// [`forward_traced`](Self::forward_traced) with a key-padding mask and positions (the
-    /// input's path is ignored: the trace is the explicit path's).
-    ///
-    /// # Shapes
-    /// - `input.x`: `[batch, seq, input_dim]`; mask and positions `[batch, seq]`
-    /// - output: see [`AttentionTrace`]
-    pub fn forward_traced_with(
+    pub fn forward_traced(
         &self,
-        input: AttentionInput<B>,
+        input: impl Into<AttentionInput<B>>,
     ) -> Result<AttentionTrace<B>, AttentionError> {
+        let input = input.into();
         let (x, key_padding, positions, _) = self.checked(input)?;
         let [batch, seq, _] = x.dims();
         check_explicit_size([batch, self.num_heads, seq, seq])?;
@@ -281,38 +270,28 @@ impl<B: Backend> MultiHeadAttention<B> {
             .with_window(self.sliding_window)
     }
 
-    /// Incremental (autoregressive) attention: `x_new` holds the tokens that follow those already
-    /// in `cache`; their keys and values are appended and each new token attends to every cached
-    /// position and to the new ones up to itself. A prefill of many tokens and steps of one give
-    /// the same outputs as one [`forward`](Self::forward) over the whole sequence.
+    /// Incremental (autoregressive) attention: `input` (a tensor `x_new` or an
+    /// [`AttentionInput`]) holds the tokens that follow those already in `cache`; their keys and
+    /// values are appended and each new token attends to every cached position and to the new
+    /// ones up to itself. A prefill of many tokens and steps of one give the same outputs as one
+    /// [`forward`](Self::forward) over the whole sequence.
+    ///
+    /// An input's key-padding mask covers the cached and the new positions; on the `Explicit`
+    /// path the new queries' scores against every cached key are masked; `Fused` runs the
+    /// backend's kernel over the cache in the kernel's own storage where it has one (ndarray,
+    /// flex), else Burn's attention op (its causal mask is aligned bottom-right, which is what
+    /// the cache needs) over the cache's tensors.
     ///
     /// Errors (and leaves the cache as it was) when the cache would exceed `context_length`, when
     /// the batch size differs from the cache's, or when the cache belongs to another layer shape.
     ///
     /// # Shapes
-    /// - `x_new`: `[batch, new, input_dim]`
+    /// - `x_new`: `[batch, new, input_dim]`; a key-padding mask `[batch, cached + new]`;
+    ///   positions `[batch, new]`
     /// - output: `[batch, new, output_dim]`
     pub fn forward_cached(
         &self,
-        x_new: Tensor<B, 3>,
-        cache: &mut KvCache<B>,
-    ) -> Result<Tensor<B, 3>, AttentionError> {
-        self.forward_cached_with(AttentionInput::new(x_new), cache)
-    }
-
-    /// [`forward_cached`](Self::forward_cached) with a key-padding mask over the cached and new
-    /// positions, explicit positions and a chosen path: `Explicit` masks the scores of the new
-    /// queries against every cached key; `Fused` runs the backend's kernel over the cache in the
-    /// kernel's own storage where it has one (ndarray, flex), else Burn's attention op (its causal
-    /// mask is aligned bottom-right, which is what the cache needs) over the cache's tensors.
-    ///
-    /// # Shapes
-    /// - `input.x`: `[batch, new, input_dim]`; `input.key_padding`: `[batch, cached + new]`;
-    ///   `input.positions`: `[batch, new]`
-    /// - output: `[batch, new, output_dim]`
-    pub fn forward_cached_with(
-        &self,
-        input: AttentionInput<B>,
+        input: impl Into<AttentionInput<B>>,
         cache: &mut KvCache<B>,
     ) -> Result<Tensor<B, 3>, AttentionError> {
         let AttentionInput {
@@ -320,7 +299,7 @@ impl<B: Backend> MultiHeadAttention<B> {
             key_padding,
             positions,
             path,
-        } = input;
+        } = input.into();
         cache.check_layout(self.num_kv_heads, self.head_dim, self.context_length)?;
         self.check_input(&x_new, cache.len())?;
         let [batch, new, _] = x_new.dims();
@@ -467,6 +446,41 @@ impl<B: Backend> MultiHeadAttention<B> {
             Some(positions) => Ok(Positions::Given(positions)),
             None => Ok(Positions::From(past)),
         }
+    }
+}
+
+/// The entry points that took an [`AttentionInput`] before every forward pass did: kept for one
+/// release, each the pass of the same name without `_with`.
+impl<B: Backend> MultiHeadAttention<B> {
+    /// [`try_forward`](Self::try_forward), which takes an [`AttentionInput`] too.
+    #[deprecated(since = "0.1.0", note = "`try_forward` takes an `AttentionInput` too")]
+    pub fn forward_with(&self, input: AttentionInput<B>) -> Result<Tensor<B, 3>, AttentionError> {
+        self.try_forward(input)
+    }
+
+    /// [`forward_traced`](Self::forward_traced), which takes an [`AttentionInput`] too.
+    #[deprecated(
+        since = "0.1.0",
+        note = "`forward_traced` takes an `AttentionInput` too"
+    )]
+    pub fn forward_traced_with(
+        &self,
+        input: AttentionInput<B>,
+    ) -> Result<AttentionTrace<B>, AttentionError> {
+        self.forward_traced(input)
+    }
+
+    /// [`forward_cached`](Self::forward_cached), which takes an [`AttentionInput`] too.
+    #[deprecated(
+        since = "0.1.0",
+        note = "`forward_cached` takes an `AttentionInput` too"
+    )]
+    pub fn forward_cached_with(
+        &self,
+        input: AttentionInput<B>,
+        cache: &mut KvCache<B>,
+    ) -> Result<Tensor<B, 3>, AttentionError> {
+        self.forward_cached(input, cache)
     }
 }
 

@@ -34,7 +34,7 @@ impl<B: AutodiffBackend> AttentionParams<B> {
                 .grad(grads)
                 .unwrap_or_else(|| param.val().inner().zeros_like())
         };
-        let norm = |norm: &Option<QkNorm<B>>| norm.as_ref().map(|norm| grad_1(&norm.weight));
+        let norm = |norm: &Option<QkNorm<B>>| norm.as_ref().map(|norm| grad_1(&norm.gamma));
         AttentionParams {
             query: linear(&layer.query_layer),
             key: linear(&layer.key_layer),

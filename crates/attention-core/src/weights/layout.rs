@@ -17,8 +17,8 @@ const SINKS: &str = "sinks";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightsLayout {
     /// The source chapter's `MultiHeadAttention`: separate `nn.Linear` Q, K, V, output layers
-    /// (and this crate's q/k norms as `query_norm.weight`, `key_norm.weight`, the layer's field
-    /// names).
+    /// (and this crate's q/k norms as `query_norm.weight`, `key_norm.weight`: the layer's field
+    /// names, with PyTorch's `nn.RMSNorm` parameter name).
     Chapter,
     /// Hugging Face's `GPT2Attention`: fused `c_attn` and `c_proj`, stored as `Conv1D`.
     Gpt2,
@@ -391,7 +391,7 @@ impl<B: Backend> AttentionParams<B> {
             weight: layer.weight.val(),
             bias: layer.bias.as_ref().map(Param::val),
         };
-        let norm = |norm: &Option<QkNorm<B>>| norm.as_ref().map(|norm| norm.weight.val());
+        let norm = |norm: &Option<QkNorm<B>>| norm.as_ref().map(|norm| norm.gamma.val());
         Self {
             query: linear(&layer.query_layer),
             key: linear(&layer.key_layer),
@@ -510,7 +510,7 @@ fn assign_norm<B: Backend>(
             if width != norm.width() {
                 return Err(WeightsError::shape(name, &[norm.width()], &[width]));
             }
-            norm.weight = Param::from_tensor(weight);
+            norm.gamma = Param::from_tensor(weight);
             Ok(())
         }
         (None, None) => Ok(()),

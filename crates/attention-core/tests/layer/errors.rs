@@ -285,7 +285,7 @@ fn forward_errors() {
     let padding = Tensor::<B, 2, Bool>::empty([1, 4], &device());
     assert_eq!(
         layer
-            .forward_with(AttentionInput::new(x([1, 3, 4])).key_padding(padding))
+            .try_forward(AttentionInput::new(x([1, 3, 4])).key_padding(padding))
             .unwrap_err(),
         AttentionError::PaddingShape {
             expected: [1, 3],
@@ -477,7 +477,7 @@ fn empty_batches_are_errors_on_every_path() {
     ] {
         let input = AttentionInput::new(x.clone()).path(path);
         assert_eq!(
-            layer.forward_with(input).unwrap_err(),
+            layer.try_forward(input).unwrap_err(),
             AttentionError::EmptyBatch
         );
     }
@@ -513,11 +513,11 @@ fn explicit_attention_too_large_to_materialize_is_refused_up_front() {
     };
     too_large(layer.forward_traced(x.clone()).unwrap_err());
     let explicit = AttentionInput::new(x.clone()).path(AttentionPath::Explicit);
-    too_large(layer.forward_with(explicit).unwrap_err());
+    too_large(layer.try_forward(explicit).unwrap_err());
     let mut cache = layer.new_cache();
     too_large(
         layer
-            .forward_cached_with(
+            .forward_cached(
                 AttentionInput::new(x).path(AttentionPath::Explicit),
                 &mut cache,
             )

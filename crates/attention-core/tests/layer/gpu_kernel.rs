@@ -286,19 +286,19 @@ fn assert_cached_equals_full(
         }
     };
     let full = layer
-        .forward_with(input(x.clone(), seq).path(AttentionPath::Explicit))
+        .try_forward(input(x.clone(), seq).path(AttentionPath::Explicit))
         .unwrap();
     let calls = Kernel::Gpu.calls();
     let mut cache = layer.new_cache();
     let mut outputs = vec![
         layer
-            .forward_cached_with(input(x.clone().narrow(1, 0, prefill), prefill), &mut cache)
+            .forward_cached(input(x.clone().narrow(1, 0, prefill), prefill), &mut cache)
             .unwrap(),
     ];
     for t in prefill..seq {
         outputs.push(
             layer
-                .forward_cached_with(input(x.clone().narrow(1, t, 1), t + 1), &mut cache)
+                .forward_cached(input(x.clone().narrow(1, t, 1), t + 1), &mut cache)
                 .unwrap(),
         );
     }

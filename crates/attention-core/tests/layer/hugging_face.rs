@@ -68,12 +68,12 @@ fn forward_matches_transformers<B: Backend>(device: &B::Device) {
             let input = AttentionInput::new(case.x.clone())
                 .positions(case.positions.clone())
                 .path(path);
-            let y = case.layer.forward_with(input).unwrap();
+            let y = case.layer.try_forward(input).unwrap();
             assert_matches(&y.into_data(), want_y, &format!("{name}: y ({path:?})"));
         }
         let trace = case
             .layer
-            .forward_traced_with(AttentionInput::new(case.x).positions(case.positions))
+            .forward_traced(AttentionInput::new(case.x).positions(case.positions))
             .unwrap();
         assert_matches(
             &trace.weights.into_data(),
@@ -92,7 +92,7 @@ fn gradients_match_transformers<B: Backend>(device: &B::Device) {
             let input = AttentionInput::new(x.clone())
                 .positions(case.positions.clone())
                 .path(path);
-            let y = case.layer.forward_with(input).unwrap();
+            let y = case.layer.try_forward(input).unwrap();
             let r = case.dict.tensor::<Autodiff<B>, 3>("r", device).unwrap();
             let grads = (y * r).sum().backward();
             let what = |key: &str| format!("{name}: {key} ({path:?})");
@@ -126,7 +126,7 @@ fn cached_decoding_matches_transformers<B: Backend>(device: &B::Device) {
                 let input = AttentionInput::new(case.x.clone().slice([0..batch, range.clone()]))
                     .positions(case.positions.clone().slice([0..batch, range]))
                     .path(path);
-                case.layer.forward_cached_with(input, cache).unwrap()
+                case.layer.forward_cached(input, cache).unwrap()
             };
             let mut outputs = vec![step(0..prefill, &mut cache)];
             for t in prefill..seq {

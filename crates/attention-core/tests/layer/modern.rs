@@ -103,7 +103,7 @@ fn cached_decoding_with_rope_and_window_equals_full_forward<B: Backend>(device: 
             let prefill = seq / 3;
             let mut step = |range: std::ops::Range<usize>| {
                 let input = AttentionInput::new(x.clone().slice([0..2, range])).path(path);
-                outputs.push(layer.forward_cached_with(input, &mut cache).unwrap());
+                outputs.push(layer.forward_cached(input, &mut cache).unwrap());
             };
             step(0..prefill);
             for t in prefill..seq {
@@ -156,7 +156,7 @@ fn left_padded_rows_with_positions_equal_unpadded_rows<B: Backend>(device: &B::D
             .key_padding(padding.clone())
             .positions(positions.clone())
             .path(path);
-        let y = layer.forward_with(input).unwrap();
+        let y = layer.try_forward(input).unwrap();
         close(
             y.slice([0..1, pads..pads + real]),
             alone.clone(),
@@ -169,7 +169,7 @@ fn left_padded_rows_with_positions_equal_unpadded_rows<B: Backend>(device: &B::D
                 .key_padding(padding.clone().slice([0..1, 0..t + 1]))
                 .positions(positions.clone().slice([0..1, t..t + 1]))
                 .path(path);
-            outputs.push(layer.forward_cached_with(input, &mut cache).unwrap());
+            outputs.push(layer.forward_cached(input, &mut cache).unwrap());
         }
         close(
             Tensor::cat(outputs, 1).slice([0..1, pads..pads + real]),

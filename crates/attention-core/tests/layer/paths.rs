@@ -63,7 +63,7 @@ fn cached_decoding_equals_full_forward<B: Backend>(device: &B::Device) {
             let mut cache = layer.new_cache();
             let mut step = |x: Tensor<B, 3>| {
                 layer
-                    .forward_cached_with(AttentionInput::new(x).path(path), &mut cache)
+                    .forward_cached(AttentionInput::new(x).path(path), &mut cache)
                     .unwrap()
             };
             let mut outputs = Vec::new();
@@ -91,7 +91,7 @@ fn cached_decoding_equals_full_forward<B: Backend>(device: &B::Device) {
                 };
                 let x = x.clone().slice([0..batch, t..t + 1]);
                 layer
-                    .forward_cached_with(AttentionInput::new(x).path(path), &mut cache)
+                    .forward_cached(AttentionInput::new(x).path(path), &mut cache)
                     .unwrap()
             })
             .collect();
@@ -145,7 +145,7 @@ fn padded_batch_equals_each_sequence_alone<B: Backend>(device: &B::Device) {
         let mask = Tensor::<B, 2, Bool>::from_bool(TensorData::from([[false; 5], b_mask]), device);
         for path in [AttentionPath::Explicit, AttentionPath::Fused] {
             let y = layer
-                .forward_with(
+                .try_forward(
                     AttentionInput::new(x.clone())
                         .key_padding(mask.clone())
                         .path(path),
@@ -187,7 +187,7 @@ fn fully_masked_rows_are_finite<B: Backend>(device: &B::Device) {
         .expand([1, 3, 4]);
     for path in [AttentionPath::Explicit, AttentionPath::Fused] {
         let y = layer
-            .forward_with(
+            .try_forward(
                 AttentionInput::new(x.clone())
                     .key_padding(mask.clone())
                     .path(path),
@@ -434,7 +434,7 @@ fn cache_growth_keeps_every_position() {
         let mut cache = layer.new_cache();
         let mut outputs = vec![
             layer
-                .forward_cached_with(
+                .forward_cached(
                     AttentionInput::new(x.clone().slice([0..2, 0..70])).path(path),
                     &mut cache,
                 )
@@ -444,7 +444,7 @@ fn cache_growth_keeps_every_position() {
             let token = x.clone().slice([0..2, t..t + 1]);
             outputs.push(
                 layer
-                    .forward_cached_with(AttentionInput::new(token).path(path), &mut cache)
+                    .forward_cached(AttentionInput::new(token).path(path), &mut cache)
                     .unwrap(),
             );
         }

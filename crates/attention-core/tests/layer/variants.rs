@@ -148,7 +148,7 @@ fn with_random_norms<B: Backend>(
     {
         if let Some(norm) = norm {
             let weight = randn::<B, 1>([norm.width()], seed + i as u64, device) * 0.3 + 0.5;
-            norm.weight = Param::from_tensor(weight);
+            norm.gamma = Param::from_tensor(weight);
         }
     }
     if let Some(sinks) = &mut layer.sinks {
@@ -187,7 +187,7 @@ fn variants_agree_on_every_path<B: Backend>(device: &B::Device) {
             let prefill = seq / 3;
             let mut step = |range: std::ops::Range<usize>| {
                 let input = AttentionInput::new(x.clone().slice([0..2, range])).path(path);
-                layer.forward_cached_with(input, &mut cache).unwrap()
+                layer.forward_cached(input, &mut cache).unwrap()
             };
             let mut outputs = vec![step(0..prefill)];
             for t in prefill..seq {
@@ -267,7 +267,7 @@ fn normalized_scores_are_the_formula<B: Backend>(device: &B::Device) {
         // [batch, heads, seq, head_dim]
         let heads = |linear: &Linear<B>, norm: &Option<QkNorm<B>>, count: usize| {
             let projected = linear.forward(x.clone());
-            let weight = norm.as_ref().unwrap().weight.val();
+            let weight = norm.as_ref().unwrap().gamma.val();
             let split = match scope {
                 QkNormScope::Width => {
                     rms_norm(projected, weight, epsilon, unit_offset).reshape([2, 5, count, 4])

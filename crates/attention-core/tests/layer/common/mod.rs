@@ -80,7 +80,7 @@ pub fn on_path<B: Backend>(
     path: attention_core::AttentionPath,
 ) -> Tensor<B, 3> {
     layer
-        .forward_with(attention_core::AttentionInput::new(x).path(path))
+        .try_forward(attention_core::AttentionInput::new(x).path(path))
         .unwrap()
 }
 
@@ -93,7 +93,7 @@ pub fn output_and_gradients<B: burn::tensor::backend::AutodiffBackend>(
     r: Tensor<B, 3>,
 ) -> Vec<(String, TensorData)> {
     use attention_core::weights::{AttentionParams, WeightsLayout};
-    let y = layer.forward_with(input).unwrap();
+    let y = layer.try_forward(input).unwrap();
     let grads = (y.clone() * r).sum().backward();
     let mut tensors = vec![
         ("y".to_string(), y.into_data()),
