@@ -789,7 +789,10 @@ mod tests {
                 let mut in_two_runs = vec![f32::NAN; 2 * count * PANEL];
                 rows_times_panels_f32(&x_by_feature, count, panels, 0..20, &mut in_two_runs);
                 rows_times_panels_f32(&x_by_feature, count, panels, 20..k, &mut in_two_runs);
-                assert_eq!(in_two_runs, got, "panels in two runs of features, {rows} rows");
+                assert_eq!(
+                    in_two_runs, got,
+                    "panels in two runs of features, {rows} rows"
+                );
                 for (panel, got) in got.chunks_exact(count * PANEL).enumerate() {
                     let expected = &expected[(panel * rows + first) * PANEL..][..count * PANEL];
                     for (got, expected) in got.iter().zip(expected) {
