@@ -2,14 +2,10 @@
 //! `error:` line and no panic text, leaves every input byte for byte as it was, and writes no
 //! output (or, where the input is valid after all, the right one).
 
-#[path = "../../../crates/demo/testing/cli_cases.rs"]
-#[allow(dead_code, unused_macros)]
-mod cli_cases;
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use cli_cases::{
+use demo_cli_cases::{
     assert_matches_fixture, assert_no_partial_files, fixture, run, scratch, stderr_lines,
 };
 use tensor_files::torch::{StoredView, serialize_views};

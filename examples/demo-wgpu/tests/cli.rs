@@ -1,10 +1,7 @@
 //! The wgpu demo's command line, run as a user runs it; skipped (saying why) without an adapter
 //! unless `REQUIRE_WGPU` is set.
 
-#[path = "../../../crates/demo/testing/cli_cases.rs"]
-mod cli_cases;
-
-cli_tests!(env!("CARGO_BIN_EXE_demo-wgpu"), |test| {
+demo_cli_cases::cli_tests!(env!("CARGO_BIN_EXE_demo-wgpu"), |test| {
     test_support::wgpu_device_for_test(test).is_some()
 });
 

@@ -1,6 +1,7 @@
-//! The demos' command-line tests, shared by `demo-ndarray` and `demo-wgpu`: each includes this
-//! file and instantiates [`cli_tests!`] with its binary. They run the real binary and read the
-//! files it writes.
+//! The demos' command-line tests, shared by `demo-ndarray` and `demo-wgpu`: each test file
+//! instantiates [`cli_tests!`] with its binary. They run the real binary and read the files it
+//! writes. A dev-dependency only.
+#![warn(missing_docs)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -8,20 +9,18 @@ use std::process::{Command, Output};
 use attention_backends::compare::assert_close;
 use attention_core::weights::StateDict;
 
+/// The path of a file in the workspace's `fixtures/`.
 pub use test_support::fixture;
 
 /// A fresh, empty directory for one test's files.
 pub fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "{}-{test}-{}",
-        env!("CARGO_PKG_NAME"),
-        std::process::id()
-    ));
+    let dir = std::env::temp_dir().join(format!("demo-cli-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
+/// Runs `binary` with `args` to its end.
 pub fn run(binary: &str, args: &[&str]) -> Output {
     Command::new(binary)
         .args(args)
@@ -29,6 +28,7 @@ pub fn run(binary: &str, args: &[&str]) -> Output {
         .expect("the demo binary runs")
 }
 
+/// What a run printed on its standard output.
 pub fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
@@ -502,7 +502,7 @@ macro_rules! cli_tests {
     };
     (@each $binary:expr, |$test:ident| $ready:expr; $($case:ident),+) => {
         #[allow(unused_imports)]
-        use cli_cases::*;
+        use $crate::*;
 
         const BIN: &str = $binary;
 
@@ -511,7 +511,7 @@ macro_rules! cli_tests {
             fn $case() {
                 let $test = stringify!($case);
                 if $ready {
-                    cli_cases::$case(BIN);
+                    $crate::$case(BIN);
                 }
             }
         )+
