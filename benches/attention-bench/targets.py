@@ -51,7 +51,10 @@ def verdict(values, ok):
 
 
 def main(path):
-    rows = [json.loads(line) for line in open(path) if line.startswith("{")]
+    # A line tagged by run-targets.sh may carry the binary's own `round` after the tag: the tag
+    # (the first) is the round.
+    first_wins = lambda pairs: dict(reversed(pairs))  # noqa: E731
+    rows = [json.loads(line, object_pairs_hook=first_wins) for line in open(path) if line.startswith("{")]
     machine = next(r for r in rows if r.get("kind") == "machine")
     weights = {r["model"]: r["weight_bytes_per_token"] for r in rows if r.get("kind") == "weights"}
     memory = collections.defaultdict(dict)  # "memcpy" / "read" -> {round: best median GB/s}
