@@ -8,23 +8,33 @@
 
 use rayon::prelude::*;
 
+use super::products::Layout;
 use super::simd;
 
-/// `x · weight + bias`, `weight` row-major `[k, n]`: each task streams one contiguous run of the
-/// weight's rows (its share of the input features) into partial sums, which are then added.
+/// `x · weight + bias` for a few rows, each task reading its piece of the weight in place.
 ///
 /// # Shapes
-/// - `x`: `[rows, k]`, `bias`: `[n]`, output: `[rows, n]`
-pub(super) fn row_major(
+/// - `x`: `[rows, k]`, `weight`: `[k, n]` in its `layout`, `bias`: `[n]`, output: `[rows, n]`
+pub(super) fn product(
     x: &[f32],
     rows: usize,
-    weight: &[f32],
+    (weight, layout): (&[f32], Layout),
     bias: Option<&[f32]>,
     tasks: usize,
 ) -> Vec<f32> {
     let k = x.len() / rows;
     let n = weight.len() / k;
-    let per_task = k.div_ceil(tasks);
+    match layout {
+        // The bias joins the tasks' partial sums once they are added.
+        Layout::RowMajor => with_bias(row_major(x, rows, n, weight, tasks), bias),
+        Layout::ColumnMajor => column_major(x, rows, n, weight, bias, tasks),
+    }
+}
+
+/// `x · weight`, `weight` row-major `[k, n]`: each task streams one contiguous run of the
+/// weight's rows (its share of the input features) into partial sums, which are then added.
+fn row_major(x: &[f32], rows: usize, n: usize, weight: &[f32], tasks: usize) -> Vec<f32> {
+    let per_task = (x.len() / rows).div_ceil(tasks);
     let sum = weight
         .par_chunks(per_task * n)
         .enumerate()
@@ -39,29 +49,31 @@ pub(super) fn row_major(
             total.iter_mut().zip(&partial).for_each(|(t, p)| *t += p);
             total
         });
-    let mut output = sum.expect("k > 0: at least one task");
-    if let Some(bias) = bias {
-        for row in output.chunks_exact_mut(n) {
-            row.iter_mut().zip(bias).for_each(|(o, b)| *o += b);
-        }
+    sum.expect("k > 0: at least one task")
+}
+
+/// `output + bias` in every row.
+fn with_bias(mut output: Vec<f32>, bias: Option<&[f32]>) -> Vec<f32> {
+    let Some(bias) = bias else {
+        return output;
+    };
+    for row in output.chunks_exact_mut(bias.len()) {
+        row.iter_mut().zip(bias).for_each(|(o, b)| *o += b);
     }
     output
 }
 
 /// `x · weight + bias`, `weight` column-major (`[n, k]` row-major): each task computes one
-/// contiguous run of output columns, streaming their weights in order.
-///
-/// # Shapes
-/// - `x`: `[rows, k]`, `bias`: `[n]`, output: `[rows, n]`
-pub(super) fn column_major(
+/// contiguous run of output columns, streaming their weights in order (the bias added to each
+/// column's sum).
+fn column_major(
     x: &[f32],
     rows: usize,
+    n: usize,
     weight: &[f32],
     bias: Option<&[f32]>,
     tasks: usize,
 ) -> Vec<f32> {
-    let k = x.len() / rows;
-    let n = weight.len() / k;
     let per_task = n.div_ceil(tasks);
     // The output column by column (`[n, rows]`), so that each task's columns are one piece.
     let mut by_column = vec![0.0f32; n * rows];

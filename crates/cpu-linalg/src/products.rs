@@ -132,11 +132,9 @@ fn in_place(x: &[f32], rows: usize, operands: &[(HostMatrix, Option<Vec<f32>>)])
     let tasks = 4 * rayon::current_num_threads().max(1);
     operands
         .par_iter()
-        .map(|(weight, bias)| match weight.layout {
-            Layout::RowMajor => matvec::row_major(x, rows, weight.floats(), bias.as_deref(), tasks),
-            Layout::ColumnMajor => {
-                matvec::column_major(x, rows, weight.floats(), bias.as_deref(), tasks)
-            }
+        .map(|(weight, bias)| {
+            let weight = (weight.floats(), weight.layout);
+            matvec::product(x, rows, weight, bias.as_deref(), tasks)
         })
         .collect()
 }
