@@ -387,11 +387,21 @@ pub struct AttentionParams<B: Backend> {
 impl<B: Backend> AttentionParams<B> {
     /// The layer's current parameters.
     pub fn of(layer: &MultiHeadAttention<B>) -> Self {
-        let linear = |layer: &Linear<B>| LinearParams {
-            weight: layer.weight.val(),
-            bias: layer.bias.as_ref().map(Param::val),
+        Self::read(layer, Param::val, Param::val)
+    }
+
+    /// One tensor per parameter of `layer` (of backend `L`): `matrix` of each projection's
+    /// weight, `vector` of its bias, the q/k norms' scales and the sinks.
+    pub(super) fn read<L: Backend>(
+        layer: &MultiHeadAttention<L>,
+        matrix: impl Fn(&Param<Tensor<L, 2>>) -> Tensor<B, 2>,
+        vector: impl Fn(&Param<Tensor<L, 1>>) -> Tensor<B, 1>,
+    ) -> Self {
+        let linear = |layer: &Linear<L>| LinearParams {
+            weight: matrix(&layer.weight),
+            bias: layer.bias.as_ref().map(&vector),
         };
-        let norm = |norm: &Option<QkNorm<B>>| norm.as_ref().map(|norm| norm.gamma.val());
+        let norm = |norm: &Option<QkNorm<L>>| norm.as_ref().map(|norm| vector(&norm.gamma));
         Self {
             query: linear(&layer.query_layer),
             key: linear(&layer.key_layer),
@@ -399,7 +409,7 @@ impl<B: Backend> AttentionParams<B> {
             output: linear(&layer.output_layer),
             query_norm: norm(&layer.query_norm),
             key_norm: norm(&layer.key_norm),
-            sinks: layer.sinks.as_ref().map(Param::val),
+            sinks: layer.sinks.as_ref().map(&vector),
         }
     }
 
