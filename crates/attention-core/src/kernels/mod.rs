@@ -60,6 +60,44 @@ macro_rules! record_kernel_node {
     }};
 }
 
+/// An `Autodiff` call's [`KernelInputs`] split into the inner backend's inputs and the graph
+/// nodes [`record_kernel_node!`] takes: `(inputs, nodes, sinks_node)`, shared by the CPU and GPU
+/// kernels' `on_autodiff`. A macro for the reason that one is: the nodes' type is not exported.
+macro_rules! untracked_kernel_inputs {
+    ($inputs:expr) => {{
+        use burn::tensor::{Tensor, TensorPrimitive};
+        let inputs = $inputs;
+        let [query, key, value] =
+            [inputs.query, inputs.key, inputs.value].map(|tensor| tensor.into_primitive().tensor());
+        let nodes = [&query, &key, &value].map(|tensor| tensor.node.clone());
+        let [query, key, value] = [query, key, value]
+            .map(|tensor| Tensor::from_primitive(TensorPrimitive::Float(tensor.primitive)));
+        let sinks = inputs
+            .scores
+            .sinks
+            .map(|sinks| sinks.into_primitive().tensor());
+        let sinks_node = sinks.as_ref().map(|sinks| sinks.node.clone());
+        let inputs = $crate::kernels::KernelInputs {
+            query,
+            key,
+            value,
+            heads: inputs.heads,
+            kv_heads: inputs.kv_heads,
+            window: inputs.window,
+            key_padding: inputs
+                .key_padding
+                .map(|mask| Tensor::from_primitive(mask.into_primitive())),
+            scores: $crate::attend::ScoreRule {
+                scale: inputs.scores.scale,
+                softcap: inputs.scores.softcap,
+                sinks: sinks
+                    .map(|sinks| Tensor::from_primitive(TensorPrimitive::Float(sinks.primitive))),
+            },
+        };
+        (inputs, nodes, sinks_node)
+    }};
+}
+
 // Without a CPU backend feature the list is empty.
 #[cfg_attr(not(any(feature = "ndarray", feature = "flex")), allow(unused))]
 mod backends;

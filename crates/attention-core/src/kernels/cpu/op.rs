@@ -57,34 +57,8 @@ fn tracked<I: Backend, C: CheckpointStrategy, E: HostFloat>(
     inputs: KernelInputs<Autodiff<I, C>>,
 ) -> Tensor<Autodiff<I, C>, 3> {
     let device = inputs.query.device();
-    let [query, key, value] =
-        [inputs.query, inputs.key, inputs.value].map(|tensor| tensor.into_primitive().tensor());
-    let nodes = [&query, &key, &value].map(|tensor| tensor.node.clone());
-    let [query, key, value] = [query, key, value]
-        .map(|tensor| Tensor::<I, 3>::from_primitive(TensorPrimitive::Float(tensor.primitive)));
-    let sinks = inputs
-        .scores
-        .sinks
-        .map(|sinks| sinks.into_primitive().tensor());
-    let sinks_node = sinks.as_ref().map(|sinks| sinks.node.clone());
-    let host = Host::<E>::download(KernelInputs {
-        query,
-        key,
-        value,
-        heads: inputs.heads,
-        kv_heads: inputs.kv_heads,
-        window: inputs.window,
-        key_padding: inputs
-            .key_padding
-            .map(|mask| Tensor::from_primitive(mask.into_primitive())),
-        scores: ScoreRule {
-            scale: inputs.scores.scale,
-            softcap: inputs.scores.softcap,
-            sinks: sinks.map(|sinks| {
-                Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(sinks.primitive))
-            }),
-        },
-    });
+    let (inputs, nodes, sinks_node): (KernelInputs<I>, _, _) = untracked_kernel_inputs!(inputs);
+    let host = Host::<E>::download(inputs);
     let forward = kernel::forward(host.inputs());
     let output = upload::<I, E>(forward.output.clone(), host.query_shape(), &device)
         .into_primitive()

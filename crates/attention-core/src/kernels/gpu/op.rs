@@ -13,7 +13,6 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, DType, TensorPrimitive};
 
 use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors};
-use crate::attend::ScoreRule;
 use crate::kernels::inputs::KernelInputs;
 use crate::kernels::{CachedInputs, KvStorage, same_type};
 
@@ -40,33 +39,8 @@ pub(crate) fn on_autodiff<B: Backend, I: FlashBackend, C: CheckpointStrategy>(
 fn tracked<I: FlashBackend, C: CheckpointStrategy>(
     inputs: KernelInputs<Autodiff<I, C>>,
 ) -> Tensor<Autodiff<I, C>, 3> {
-    let [query, key, value] =
-        [inputs.query, inputs.key, inputs.value].map(|tensor| tensor.into_primitive().tensor());
-    let nodes = [&query, &key, &value].map(|tensor| tensor.node.clone());
-    let [query, key, value] = [query, key, value]
-        .map(|tensor| Tensor::<I, 3>::from_primitive(TensorPrimitive::Float(tensor.primitive)));
-    let sinks = inputs
-        .scores
-        .sinks
-        .map(|sinks| sinks.into_primitive().tensor());
-    let sinks_node = sinks.as_ref().map(|sinks| sinks.node.clone());
-    let (tensors, sinks, call) = prepared(KernelInputs {
-        query,
-        key,
-        value,
-        heads: inputs.heads,
-        kv_heads: inputs.kv_heads,
-        window: inputs.window,
-        key_padding: inputs
-            .key_padding
-            .map(|mask| Tensor::from_primitive(mask.into_primitive())),
-        scores: ScoreRule {
-            scale: inputs.scores.scale,
-            softcap: inputs.scores.softcap,
-            sinks: sinks
-                .map(|sinks| Tensor::from_primitive(TensorPrimitive::Float(sinks.primitive))),
-        },
-    });
+    let (inputs, nodes, sinks_node): (KernelInputs<I>, _, _) = untracked_kernel_inputs!(inputs);
+    let (tensors, sinks, call) = prepared(inputs);
     let [output, lse] = I::flash_forward(tensors.clone(), sinks.clone().map(float), call);
     let saved = Saved {
         tensors,
