@@ -48,12 +48,18 @@ impl Gradcheck {
 /// Central-difference step, for f64.
 const STEP: f64 = 1e-6;
 
-/// One layer shape to check.
+/// One layer shape to check, on two sequences of its whole context length.
 struct Case {
     name: &'static str,
     config: MultiHeadAttentionConfig,
-    batch: usize,
-    seq: usize,
+}
+
+impl Case {
+    const BATCH: usize = 2;
+
+    fn seq(&self) -> usize {
+        self.config.context_length
+    }
 }
 
 fn cases() -> [Case; 5] {
@@ -61,14 +67,10 @@ fn cases() -> [Case; 5] {
         Case {
             name: "qkv_bias on, input_dim 5 -> output_dim 6, 2 heads",
             config: MultiHeadAttentionConfig::new(5, 6, 4, 2).with_qkv_bias(true),
-            batch: 2,
-            seq: 4,
         },
         Case {
             name: "qkv_bias off, input_dim 6 -> output_dim 4, 2 heads",
             config: MultiHeadAttentionConfig::new(6, 4, 5, 2),
-            batch: 2,
-            seq: 5,
         },
         Case {
             name: "Llama-style: 4 heads over 2 kv heads of 2, RoPE, window 3, no output bias",
@@ -79,8 +81,6 @@ fn cases() -> [Case; 5] {
                 .with_output_bias(false)
                 .with_rope(Some(RopeConfig::new()))
                 .with_sliding_window(Some(3)),
-            batch: 2,
-            seq: 6,
         },
         Case {
             name: "Gemma-like with sinks: 4 heads of 4 over 2 kv heads, q/k norms per head \
@@ -101,8 +101,6 @@ fn cases() -> [Case; 5] {
                 .with_softcap(Some(1.5))
                 .with_sinks(true)
                 .with_sliding_window(Some(4)),
-            batch: 2,
-            seq: 7,
         },
         Case {
             name: "OLMo2-like: q/k norms over the width (16 and 4 features), 1 kv head, RoPE",
@@ -113,8 +111,6 @@ fn cases() -> [Case; 5] {
                     QkNormConfig::new(QkNormScope::Width).with_epsilon(1e-3),
                 ))
                 .with_rope(Some(RopeConfig::new())),
-            batch: 2,
-            seq: 5,
         },
     ]
 }
@@ -146,12 +142,12 @@ impl Problem {
             }
         }
         let x = TensorData::random::<f64, _, _>(
-            [case.batch, case.seq, case.config.input_dim],
+            [Case::BATCH, case.seq(), case.config.input_dim],
             normal,
             &mut rng,
         );
         let r = TensorData::random::<f64, _, _>(
-            [case.batch, case.seq, case.config.output_dim],
+            [Case::BATCH, case.seq(), case.config.output_dim],
             normal,
             &mut rng,
         );
@@ -258,7 +254,9 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &GradcheckArgs) -> Result
     for case in cases() {
         println!(
             "case: {} (batch {}, seq {})",
-            case.name, case.batch, case.seq
+            case.name,
+            Case::BATCH,
+            case.seq()
         );
         let problem = Problem::new(&case, args.seed);
         let calls_before = kernel_calls();
