@@ -3,7 +3,7 @@
 //! filter, e.g. `cargo bench -p attention-bench -- 'flex/fused/fwd'`.
 
 use attention_backends::{BackendName, OnBackend, dispatch};
-use attention_bench::{Impl, Mode, STANDARD_SHAPES, Shape, prepare, supports};
+use attention_bench::{Impl, Mode, STANDARD_SHAPES, Shape, Timed, prepare, supports};
 use burn::prelude::*;
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -33,8 +33,13 @@ fn backend<B: Backend>(c: &mut Criterion, name: &str, device: &B::Device) {
                 // prepared only when criterion runs it, so a filtered run prepares only its cases.
                 if supports(implementation, mode, shape).is_ok() {
                     group.bench_function(shape.to_string(), |b| {
-                        let mut case = prepare::<B>(implementation, mode, shape, 1, device)
-                            .expect("supported");
+                        let timed = Timed {
+                            implementation,
+                            mode,
+                            shape,
+                            calls: 1,
+                        };
+                        let mut case = prepare::<B>(timed, device).expect("supported");
                         b.iter(|| case.iteration())
                     });
                 }

@@ -318,54 +318,71 @@ pub fn supports(implementation: Impl, mode: Mode, shape: Shape) -> Result<(), Un
     Ok(())
 }
 
-/// Prepares `implementation` in `mode` at `shape` on backend `B`, `calls` calls per sync.
-pub fn prepare<B: Backend>(
-    implementation: Impl,
-    mode: Mode,
-    shape: Shape,
-    calls: usize,
-    device: &B::Device,
-) -> Result<Case, Unsupported> {
-    supports(implementation, mode, shape)?;
+/// What a case times: an implementation in a mode at a shape, `calls` calls per sync.
+#[derive(Debug, Clone, Copy)]
+pub struct Timed {
+    /// Whose attention.
+    pub implementation: Impl,
+    /// Forward, forward and backward, or a decoding step.
+    pub mode: Mode,
+    /// Batch, sequence, width and heads.
+    pub shape: Shape,
+    /// Calls queued before each sync.
+    pub calls: usize,
+}
+
+impl Timed {
+    /// Whether this implementation runs this mode at this shape.
+    pub fn supported(&self) -> Result<(), Unsupported> {
+        supports(self.implementation, self.mode, self.shape)
+    }
+}
+
+/// Prepares the whole layer as `timed` says, on backend `B`.
+pub fn prepare<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case, Unsupported> {
+    timed.supported()?;
     let device = device.clone();
-    match mode {
+    match timed.mode {
         Mode::Fwd => {
-            let forward = forward_fn::<B>(implementation, shape, &device);
-            let x = input::<B>(shape, shape.seq, &device);
+            let forward = forward_fn::<B>(timed.implementation, timed.shape, &device);
+            let x = input::<B>(timed.shape, timed.shape.seq, &device);
             Ok(Case {
                 run: Box::new(move || {
-                    for _ in 0..calls {
+                    for _ in 0..timed.calls {
                         drop(forward(x.clone()));
                     }
                     sync::<B>(&device);
                 }),
-                calls,
+                calls: timed.calls,
             })
         }
         Mode::Fwdbwd => {
-            let forward = forward_fn::<Autodiff<B>>(implementation, shape, &device);
-            let x = input::<Autodiff<B>>(shape, shape.seq, &device).require_grad();
+            let forward = forward_fn::<Autodiff<B>>(timed.implementation, timed.shape, &device);
+            let x = input::<Autodiff<B>>(timed.shape, timed.shape.seq, &device).require_grad();
             Ok(Case {
                 run: Box::new(move || {
-                    for _ in 0..calls {
+                    for _ in 0..timed.calls {
                         drop(forward(x.clone()).sum().backward());
                     }
                     sync::<B>(&device);
                 }),
-                calls,
+                calls: timed.calls,
             })
         }
         Mode::Decode => {
-            let layer = our_layer::<B>(shape, &device);
+            let layer = our_layer::<B>(timed.shape, &device);
             let mut cache: KvCache<B> = layer.new_cache();
             layer
-                .forward_cached(input::<B>(shape, shape.seq - 1, &device), &mut cache)
+                .forward_cached(
+                    input::<B>(timed.shape, timed.shape.seq - 1, &device),
+                    &mut cache,
+                )
                 .expect("prefill fits");
-            let token = input::<B>(shape, 1, &device);
-            let path = implementation.path();
+            let token = input::<B>(timed.shape, 1, &device);
+            let path = timed.implementation.path();
             Ok(Case {
                 run: Box::new(move || {
-                    for _ in 0..calls {
+                    for _ in 0..timed.calls {
                         let y = layer
                             .forward_cached(
                                 AttentionInput::new(token.clone()).path(path),
@@ -373,59 +390,54 @@ pub fn prepare<B: Backend>(
                             )
                             .expect("room for one");
                         drop(y);
-                        cache.truncate(shape.seq - 1).expect("no window");
+                        cache.truncate(timed.shape.seq - 1).expect("no window");
                     }
                     sync::<B>(&device);
                 }),
-                calls,
+                calls: timed.calls,
             })
         }
     }
 }
 
 /// The attention core alone (the queries, keys and values in the layer's layout → the context),
-/// for `implementation` in `mode` at `shape` on backend `B`, `calls` calls per sync: ours
-/// ([`Impl::Fused`], [`causal_attention`]) or Burn's attention op ([`Impl::BurnOp`], on the heads
-/// split apart, the split, the key/value heads' repetition and a window's mask made before the
-/// timed calls). A decoding step is one query over `seq` keys.
-pub fn prepare_core<B: Backend>(
-    implementation: Impl,
-    mode: Mode,
-    shape: Shape,
-    calls: usize,
-    device: &B::Device,
-) -> Result<Case, Unsupported> {
-    supports(implementation, mode, shape)?;
-    if !matches!(implementation, Impl::Fused | Impl::BurnOp) {
+/// as `timed` says, on backend `B`: ours ([`Impl::Fused`], [`causal_attention`]) or Burn's
+/// attention op ([`Impl::BurnOp`], on the heads split apart, the split, the key/value heads'
+/// repetition and a window's mask made before the timed calls). A decoding step is one query over
+/// `seq` keys.
+pub fn prepare_core<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case, Unsupported> {
+    timed.supported()?;
+    if !matches!(timed.implementation, Impl::Fused | Impl::BurnOp) {
         return Err(Unsupported(format!(
             "--core times `fused` (ours) or `burn-op`, not `{}`",
-            implementation.name()
+            timed.implementation.name()
         )));
     }
     let device = device.clone();
-    match mode {
+    match timed.mode {
         Mode::Fwd | Mode::Decode => {
-            let core = core_fn::<B>(implementation, mode, shape, &device);
+            let core = core_fn::<B>(timed.implementation, timed.mode, timed.shape, &device);
             Ok(Case {
                 run: Box::new(move || {
-                    for _ in 0..calls {
+                    for _ in 0..timed.calls {
                         drop(core());
                     }
                     sync::<B>(&device);
                 }),
-                calls,
+                calls: timed.calls,
             })
         }
         Mode::Fwdbwd => {
-            let core = core_fn::<Autodiff<B>>(implementation, mode, shape, &device);
+            let core =
+                core_fn::<Autodiff<B>>(timed.implementation, timed.mode, timed.shape, &device);
             Ok(Case {
                 run: Box::new(move || {
-                    for _ in 0..calls {
+                    for _ in 0..timed.calls {
                         drop(core().sum().backward());
                     }
                     sync::<B>(&device);
                 }),
-                calls,
+                calls: timed.calls,
             })
         }
     }

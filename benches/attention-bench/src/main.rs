@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use attention_backends::{BackendName, FloatType, OnBackend};
 use attention_bench::process::{median, run_on_in};
-use attention_bench::{Impl, Mode, Shape, Unsupported, prepare, prepare_core};
+use attention_bench::{Impl, Mode, Shape, Timed, Unsupported, prepare, prepare_core};
 use burn::prelude::*;
 use clap::Parser;
 
@@ -115,10 +115,15 @@ fn run<B: Backend>(backend: &str, device: &B::Device, args: &Args) -> Result<(),
         }
         shape.window = args.sliding_window.map(|window| window as usize);
         reset_peak_rss();
-        let calls = args.calls_per_sync as usize;
+        let timed = Timed {
+            implementation: args.implementation,
+            mode: args.mode,
+            shape,
+            calls: args.calls_per_sync as usize,
+        };
         let mut case = match args.core {
-            true => prepare_core::<B>(args.implementation, args.mode, shape, calls, device)?,
-            false => prepare::<B>(args.implementation, args.mode, shape, calls, device)?,
+            true => prepare_core::<B>(timed, device)?,
+            false => prepare::<B>(timed, device)?,
         };
         let mut times: Vec<f64> = case
             .time(args.warmup, args.repeats)
