@@ -376,29 +376,6 @@ impl<B: Backend> Decoder<B> {
         sampling: &Sampling,
         device: &B::Device,
     ) -> Result<Vec<usize>, GenerateError> {
-        self.generate_one(prompt, new_tokens, sampling, device, true)
-    }
-
-    /// [`generate`](Self::generate) without caches: every step runs the whole sequence again.
-    /// The reference the cached path is tested against.
-    pub fn generate_uncached(
-        &self,
-        prompt: &[usize],
-        new_tokens: usize,
-        sampling: &Sampling,
-        device: &B::Device,
-    ) -> Result<Vec<usize>, GenerateError> {
-        self.generate_one(prompt, new_tokens, sampling, device, false)
-    }
-
-    fn generate_one(
-        &self,
-        prompt: &[usize],
-        new_tokens: usize,
-        sampling: &Sampling,
-        device: &B::Device,
-        use_cache: bool,
-    ) -> Result<Vec<usize>, GenerateError> {
         let vocab_size = self.vocab_size();
         if let Some(column) = prompt.iter().position(|&token| token >= vocab_size) {
             return Err(GenerateError::TokenOutOfRange {
@@ -412,7 +389,6 @@ impl<B: Backend> Decoder<B> {
         let prompts = Prompts::left_padded(&[row], 0)?;
         let config = GenerateConfig {
             sampling: sampling.clone(),
-            use_cache,
             ..GenerateConfig::greedy(new_tokens)
         };
         let generation = self.generate_batch(&prompts, &config, device)?;

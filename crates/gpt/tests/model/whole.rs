@@ -9,7 +9,8 @@ use burn::prelude::*;
 use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::loss::cross_entropy_with_logits;
 use gpt::{
-    DecoderError, GenerateError, GptConfig, GptModel, PromptsError, Sampling, SamplingError,
+    DecoderError, GenerateConfig, GenerateError, GptConfig, GptModel, Prompts, PromptsError,
+    Sampling, SamplingError,
 };
 
 fn config() -> GptConfig {
@@ -76,10 +77,17 @@ fn cached_generation_gives_the_uncached_tokens() {
         },
     ] {
         let cached = model.generate(&prompt, 12, &sampling, &device).unwrap();
-        let uncached = model
-            .generate_uncached(&prompt, 12, &sampling, &device)
-            .unwrap();
-        assert_eq!(cached, uncached, "{sampling:?}");
+        // The same row through `generate_batch` without the caches.
+        let without_caches = GenerateConfig {
+            sampling: sampling.clone(),
+            use_cache: false,
+            ..GenerateConfig::greedy(12)
+        };
+        let row = prompt.map(|id| id as u32).to_vec();
+        let prompts = Prompts::left_padded(&[row], 0).unwrap();
+        let uncached = model.generate_batch(&prompts, &without_caches, &device);
+        let cached_row: Vec<u32> = cached.iter().map(|&id| id as u32).collect();
+        assert_eq!(uncached.unwrap().tokens, [cached_row], "{sampling:?}");
         assert_eq!(&cached[..3], &prompt);
         assert_eq!(cached.len(), 15);
     }
