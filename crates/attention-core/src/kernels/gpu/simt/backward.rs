@@ -9,8 +9,8 @@
 use cubecl::prelude::*;
 
 use super::{
-    Geometry, RowsVector, Tiling, UNIT_ROWS, accumulate, in_view, is_visible, load_rows,
-    load_scalars, masked, position_of, scored, store_columns, tile_dots,
+    Geometry, HeadRows, KeySource, KeyTile, RowsVector, Tiling, UNIT_ROWS, accumulate, in_view,
+    is_visible, load_rows, masked, position_of, scored, store_columns, tile_dots,
 };
 
 /// The query gradient.
@@ -63,7 +63,6 @@ pub fn flash_query_grad<F: Float, N: Size>(
     let last_position = (end_pair - 1) / group + offset;
     let head_vectors = geometry.head_dim / n;
     let row_vectors = geometry.heads * head_vectors;
-    let kv_row_vectors = geometry.kv_heads * head_vectors;
 
     // The block's queries and output gradients, each pair's own head.
     let mut queries = SharedMemory::<Vector<F, N>>::new(comptime!((block * stride) as usize));
@@ -113,9 +112,7 @@ pub fn flash_query_grad<F: Float, N: Size>(
     }
     let key_end = last_position + 1;
 
-    let mut keys = SharedMemory::<Vector<F, N>>::new(comptime!((tile * stride) as usize));
-    let mut values = SharedMemory::<Vector<F, N>>::new(comptime!((tile * stride) as usize));
-    let mut padding = SharedMemory::<f32>::new(comptime!(tile as usize));
+    let mut key_tile = KeyTile::<F, N>::new(tiling);
     let mut d_scores = SharedMemory::<RowsVector>::new(comptime!((tile * groups) as usize));
 
     let mut scores = Array::<f32>::new(comptime!((UNIT_ROWS * cols) as usize));
@@ -126,44 +123,29 @@ pub fn flash_query_grad<F: Float, N: Size>(
         acc[x as usize] = Vector::<f32, N>::new(0.0);
     }
 
-    let key_first = batch * geometry.key_rows + geometry.key_first;
-    let kv_column = kv_head * head_vectors;
+    let key_source = KeySource::new(&geometry, batch, kv_head);
     let mut start = key_start;
     while start < key_end {
-        let count = min(tile, key_end - start);
-        load_rows::<F, N>(
-            key,
-            &mut keys,
-            key_first + start,
-            count,
-            kv_row_vectors,
-            kv_column,
-            head_vectors,
-            tile,
-            tiling.width,
-            units,
-        );
-        load_rows::<F, N>(
-            value,
-            &mut values,
-            key_first + start,
-            count,
-            kv_row_vectors,
-            kv_column,
-            head_vectors,
-            tile,
-            tiling.width,
-            units,
-        );
-        if geometry.padded == 1 {
-            let first = batch * geometry.keys + start;
-            load_scalars::<F>(key_padding, &mut padding, first, count, tile, units);
-        }
+        key_tile.load(key, value, key_padding, &key_source, start, key_end, tiling);
         sync_cube();
 
         // Scores and `dOᵢ · vⱼ` for the unit's rows and its keys `lane + j · lanes`.
-        tile_dots::<F, N>(&queries, &keys, &mut scores, row_group, lane, tiling);
-        tile_dots::<F, N>(&d_outs, &values, &mut d_weights, row_group, lane, tiling);
+        tile_dots::<F, N>(
+            &queries,
+            &key_tile.keys,
+            &mut scores,
+            row_group,
+            lane,
+            tiling,
+        );
+        tile_dots::<F, N>(
+            &d_outs,
+            &key_tile.values,
+            &mut d_weights,
+            row_group,
+            lane,
+            tiling,
+        );
 
         let full = geometry.padded == 0
             && start + tile <= key_end
@@ -187,7 +169,7 @@ pub fn flash_query_grad<F: Float, N: Size>(
                             &geometry,
                         );
                     if geometry.padded == 1 {
-                        visible = visible && padding[column as usize] < 0.5;
+                        visible = visible && key_tile.padding[column as usize] < 0.5;
                     }
                 }
                 let weight = select(visible, f32::exp(score - row_lse[i as usize]), 0.0);
@@ -201,7 +183,7 @@ pub fn flash_query_grad<F: Float, N: Size>(
         store_columns(&scores, &mut d_scores, row_group, lane, tiling);
         sync_cube();
 
-        accumulate::<F, N>(&d_scores, &keys, &mut acc, row_group, lane, tiling);
+        accumulate::<F, N>(&d_scores, &key_tile.keys, &mut acc, row_group, lane, tiling);
         sync_cube();
         start += tile;
     }
@@ -281,30 +263,15 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
     let key_first = batch * geometry.key_rows + geometry.key_first;
     let kv_column = kv_head * head_vectors;
     let count = last_key + 1 - first_key;
-    load_rows::<F, N>(
-        key,
-        &mut keys,
-        key_first + first_key,
+    let from = HeadRows {
+        first_row: key_first + first_key,
         count,
-        kv_row_vectors,
-        kv_column,
+        row_vectors: kv_row_vectors,
+        column: kv_column,
         head_vectors,
-        block,
-        tiling.width,
-        units,
-    );
-    load_rows::<F, N>(
-        value,
-        &mut values,
-        key_first + first_key,
-        count,
-        kv_row_vectors,
-        kv_column,
-        head_vectors,
-        block,
-        tiling.width,
-        units,
-    );
+    };
+    load_rows::<F, N>(key, &mut keys, &from, block, tiling.width, units);
+    load_rows::<F, N>(value, &mut values, &from, block, tiling.width, units);
 
     // This unit's keys: their indices and whether they are padding.
     let mut key_index = Array::<u32>::new(comptime!(UNIT_ROWS as usize));
@@ -357,30 +324,15 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
         let mut start = query_start;
         while start < query_end {
             let count = min(tile, query_end - start);
-            load_rows::<F, N>(
-                query,
-                &mut queries,
-                query_first + start,
+            let from = HeadRows {
+                first_row: query_first + start,
                 count,
                 row_vectors,
                 column,
                 head_vectors,
-                tile,
-                tiling.width,
-                units,
-            );
-            load_rows::<F, N>(
-                output_grad,
-                &mut d_outs,
-                query_first + start,
-                count,
-                row_vectors,
-                column,
-                head_vectors,
-                tile,
-                tiling.width,
-                units,
-            );
+            };
+            load_rows::<F, N>(query, &mut queries, &from, tile, tiling.width, units);
+            load_rows::<F, N>(output_grad, &mut d_outs, &from, tile, tiling.width, units);
             let mut at = UNIT_POS_X;
             while at < tile {
                 let mut l = masked();

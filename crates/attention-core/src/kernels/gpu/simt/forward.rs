@@ -3,8 +3,8 @@
 use cubecl::prelude::*;
 
 use super::{
-    Geometry, RowsVector, Tiling, UNIT_ROWS, accumulate, in_view, is_visible, load_rows,
-    load_scalars, masked, position_of, scored, store_columns, tile_dots,
+    Geometry, KeySource, KeyTile, RowsVector, Tiling, UNIT_ROWS, accumulate, in_view, is_visible,
+    masked, position_of, scored, store_columns, tile_dots,
 };
 
 /// The forward pass: `output` and the per-row log-sum-exp.
@@ -62,7 +62,6 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
     let last_position = (end_pair - 1) / group + offset;
     let head_vectors = geometry.head_dim / n;
     let row_vectors = geometry.heads * head_vectors;
-    let kv_row_vectors = geometry.kv_heads * head_vectors;
 
     // The block's query rows, each pair's own head.
     let mut queries = SharedMemory::<Vector<F, N>>::new(comptime!((block * stride) as usize));
@@ -94,9 +93,7 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
         key_end = min(key_end, split_start + geometry.split_len);
     }
 
-    let mut keys = SharedMemory::<Vector<F, N>>::new(comptime!((tile * stride) as usize));
-    let mut values = SharedMemory::<Vector<F, N>>::new(comptime!((tile * stride) as usize));
-    let mut padding = SharedMemory::<f32>::new(comptime!(tile as usize));
+    let mut key_tile = KeyTile::<F, N>::new(tiling);
     let mut weights = SharedMemory::<RowsVector>::new(comptime!((tile * groups) as usize));
     let mut across_lanes = SharedMemory::<f32>::new(comptime!((block * lanes) as usize));
 
@@ -115,43 +112,21 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
         }
     }
 
-    let key_first = batch * geometry.key_rows + geometry.key_first;
-    let kv_column = kv_head * head_vectors;
+    let key_source = KeySource::new(&geometry, batch, kv_head);
     let mut start = key_start;
     while start < key_end {
-        let count = min(tile, key_end - start);
-        load_rows::<F, N>(
-            key,
-            &mut keys,
-            key_first + start,
-            count,
-            kv_row_vectors,
-            kv_column,
-            head_vectors,
-            tile,
-            tiling.width,
-            units,
-        );
-        load_rows::<F, N>(
-            value,
-            &mut values,
-            key_first + start,
-            count,
-            kv_row_vectors,
-            kv_column,
-            head_vectors,
-            tile,
-            tiling.width,
-            units,
-        );
-        if geometry.padded == 1 {
-            let first = batch * geometry.keys + start;
-            load_scalars::<F>(key_padding, &mut padding, first, count, tile, units);
-        }
+        key_tile.load(key, value, key_padding, &key_source, start, key_end, tiling);
         sync_cube();
 
         // Scores: the unit's rows against its keys `lane + j · lanes`.
-        tile_dots::<F, N>(&queries, &keys, &mut scores, row_group, lane, tiling);
+        tile_dots::<F, N>(
+            &queries,
+            &key_tile.keys,
+            &mut scores,
+            row_group,
+            lane,
+            tiling,
+        );
 
         // Masks on an edge tile only; each row's maximum over its lanes.
         let full = geometry.padded == 0
@@ -175,7 +150,7 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
                             &geometry,
                         );
                     if geometry.padded == 1 {
-                        visible = visible && padding[column as usize] < 0.5;
+                        visible = visible && key_tile.padding[column as usize] < 0.5;
                     }
                     score = select(visible, score, masked());
                 }
@@ -219,7 +194,14 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
         sync_cube();
 
         // The weighted sum: the unit's rows × its vectors of the head.
-        accumulate::<F, N>(&weights, &values, &mut acc, row_group, lane, tiling);
+        accumulate::<F, N>(
+            &weights,
+            &key_tile.values,
+            &mut acc,
+            row_group,
+            lane,
+            tiling,
+        );
         sync_cube();
         start += tile;
     }

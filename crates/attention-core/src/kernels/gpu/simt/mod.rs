@@ -150,20 +150,26 @@ pub fn scored(dot: f32, geometry: &Geometry) -> (f32, f32) {
     (score, tanh)
 }
 
-/// Loads `count` rows of one head into `tile` (rows of `width / N + 1` vectors, the head's
-/// vectors first, zero past `head_vectors` and for rows past `count`), all units of the cube
-/// together: tile row `r` is storage row `first_row + r` of `source`, whose rows are
-/// `row_vectors` vectors wide, the head starting at vector `column`.
+/// Which rows of one head [`load_rows`] reads: storage rows `first_row ..` (`count` of them) of
+/// a tensor whose rows are `row_vectors` vectors wide, the head's `head_vectors` vectors
+/// starting at vector `column`.
+#[derive(CubeType, Clone, Copy)]
+pub struct HeadRows {
+    pub first_row: u32,
+    pub count: u32,
+    pub row_vectors: u32,
+    pub column: u32,
+    pub head_vectors: u32,
+}
+
+/// Loads `from`'s rows of `source` into `tile` (`rows` rows of `width / N + 1` vectors, the
+/// head's vectors first, zero past `head_vectors` and for rows past `count`), all units of the
+/// cube together.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub fn load_rows<F: Float, N: Size>(
     source: &Tensor<Vector<F, N>>,
     tile: &mut SharedMemory<Vector<F, N>>,
-    first_row: u32,
-    count: u32,
-    row_vectors: u32,
-    column: u32,
-    head_vectors: u32,
+    from: &HeadRows,
     #[comptime] rows: u32,
     #[comptime] width: u32,
     #[comptime] units: u32,
@@ -176,11 +182,91 @@ pub fn load_rows<F: Float, N: Size>(
         let row = at / vectors;
         let vector = at % vectors;
         let mut value = Vector::<F, N>::new(F::new(0.0));
-        if row < count && vector < head_vectors {
-            value = source[((first_row + row) * row_vectors + column + vector) as usize];
+        if row < from.count && vector < from.head_vectors {
+            value =
+                source[((from.first_row + row) * from.row_vectors + from.column + vector) as usize];
         }
         tile[(row * comptime!(vectors + 1) + vector) as usize] = value;
         at += units;
+    }
+}
+
+/// One sequence's key/value head: the keys a [`KeyTile`] loads.
+#[derive(CubeType, Clone, Copy)]
+pub struct KeySource {
+    geometry: Geometry,
+    batch: u32,
+    kv_head: u32,
+}
+
+#[cube]
+impl KeySource {
+    /// Sequence `batch`'s key/value head `kv_head`.
+    pub fn new(geometry: &Geometry, batch: u32, kv_head: u32) -> KeySource {
+        KeySource {
+            geometry: *geometry,
+            batch,
+            kv_head,
+        }
+    }
+}
+
+/// A tile of keys and values in shared memory (rows padded by one vector, as [`load_rows`]
+/// leaves them) and their padding flags: what the forward pass and the query gradient hold of
+/// the keys while their block of queries stays put.
+#[derive(CubeType)]
+pub struct KeyTile<F: Float, N: Size> {
+    /// `[tile, width / N + 1]` vectors.
+    pub keys: SharedMemory<Vector<F, N>>,
+    /// `[tile, width / N + 1]` vectors.
+    pub values: SharedMemory<Vector<F, N>>,
+    /// `[tile]`: 1 for a padding key.
+    pub padding: SharedMemory<f32>,
+}
+
+#[cube]
+impl<F: Float, N: Size> KeyTile<F, N> {
+    /// Shared memory for `tiling.tile` keys.
+    pub fn new(#[comptime] tiling: Tiling) -> Self {
+        let n = N::value().comptime() as u32;
+        let rows = comptime!(tiling.tile * (tiling.width / n + 1));
+        KeyTile::<F, N> {
+            keys: SharedMemory::<Vector<F, N>>::new(rows as usize),
+            values: SharedMemory::<Vector<F, N>>::new(rows as usize),
+            padding: SharedMemory::<f32>::new(comptime!(tiling.tile as usize)),
+        }
+    }
+
+    /// Loads keys `start .. min(start + tile, end)` of `source`, all units of the cube together
+    /// (zeros past `end`); the caller syncs the cube before reading them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn load(
+        &mut self,
+        key: &Tensor<Vector<F, N>>,
+        value: &Tensor<Vector<F, N>>,
+        key_padding: &Tensor<F>,
+        source: &KeySource,
+        start: u32,
+        end: u32,
+        #[comptime] tiling: Tiling,
+    ) {
+        let (tile, units) = comptime!((tiling.tile, tiling.units()));
+        let count = min(tile, end - start);
+        let geometry = source.geometry;
+        let head_vectors = geometry.head_dim / N::value().comptime() as u32;
+        let from = HeadRows {
+            first_row: source.batch * geometry.key_rows + geometry.key_first + start,
+            count,
+            row_vectors: geometry.kv_heads * head_vectors,
+            column: source.kv_head * head_vectors,
+            head_vectors,
+        };
+        load_rows::<F, N>(key, &mut self.keys, &from, tile, tiling.width, units);
+        load_rows::<F, N>(value, &mut self.values, &from, tile, tiling.width, units);
+        if geometry.padded == 1 {
+            let first = source.batch * geometry.keys + start;
+            load_scalars::<F>(key_padding, &mut self.padding, first, count, tile, units);
+        }
     }
 }
 
