@@ -112,7 +112,8 @@ pub fn flash_query_grad<F: Float, N: Size>(
     }
     let key_end = last_position + 1;
 
-    let mut key_tile = KeyTile::<F, N>::new(tiling);
+    // The key/value tile: the keys and values the block's queries meet in turn.
+    let mut kv = KeyTile::<F, N>::new(tiling);
     let mut d_scores = SharedMemory::<RowsVector>::new(comptime!((tile * groups) as usize));
 
     let mut scores = Array::<f32>::new(comptime!((UNIT_ROWS * cols) as usize));
@@ -126,26 +127,12 @@ pub fn flash_query_grad<F: Float, N: Size>(
     let key_source = KeySource::new(&geometry, batch, kv_head);
     let mut start = key_start;
     while start < key_end {
-        key_tile.load(key, value, key_padding, &key_source, start, key_end, tiling);
+        kv.load(key, value, key_padding, &key_source, start, key_end, tiling);
         sync_cube();
 
         // Scores and `dOᵢ · vⱼ` for the unit's rows and its keys `lane + j · lanes`.
-        tile_dots::<F, N>(
-            &queries,
-            &key_tile.keys,
-            &mut scores,
-            row_group,
-            lane,
-            tiling,
-        );
-        tile_dots::<F, N>(
-            &d_outs,
-            &key_tile.values,
-            &mut d_weights,
-            row_group,
-            lane,
-            tiling,
-        );
+        tile_dots::<F, N>(&queries, &kv.keys, &mut scores, row_group, lane, tiling);
+        tile_dots::<F, N>(&d_outs, &kv.values, &mut d_weights, row_group, lane, tiling);
 
         let full = geometry.padded == 0
             && start + tile <= key_end
@@ -169,7 +156,7 @@ pub fn flash_query_grad<F: Float, N: Size>(
                             &geometry,
                         );
                     if geometry.padded == 1 {
-                        visible = visible && key_tile.padding[column as usize] < 0.5;
+                        visible = visible && kv.padding[column as usize] < 0.5;
                     }
                 }
                 let weight = select(visible, f32::exp(score - row_lse[i as usize]), 0.0);
@@ -183,7 +170,7 @@ pub fn flash_query_grad<F: Float, N: Size>(
         store_columns(&scores, &mut d_scores, row_group, lane, tiling);
         sync_cube();
 
-        accumulate::<F, N>(&d_scores, &key_tile.keys, &mut acc, row_group, lane, tiling);
+        accumulate::<F, N>(&d_scores, &kv.keys, &mut acc, row_group, lane, tiling);
         sync_cube();
         start += tile;
     }

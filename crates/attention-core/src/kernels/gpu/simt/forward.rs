@@ -93,7 +93,8 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
         key_end = min(key_end, split_start + geometry.split_len);
     }
 
-    let mut key_tile = KeyTile::<F, N>::new(tiling);
+    // The key/value tile: the keys and values the block's queries meet in turn.
+    let mut kv = KeyTile::<F, N>::new(tiling);
     let mut weights = SharedMemory::<RowsVector>::new(comptime!((tile * groups) as usize));
     let mut across_lanes = SharedMemory::<f32>::new(comptime!((block * lanes) as usize));
 
@@ -115,18 +116,11 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
     let key_source = KeySource::new(&geometry, batch, kv_head);
     let mut start = key_start;
     while start < key_end {
-        key_tile.load(key, value, key_padding, &key_source, start, key_end, tiling);
+        kv.load(key, value, key_padding, &key_source, start, key_end, tiling);
         sync_cube();
 
         // Scores: the unit's rows against its keys `lane + j · lanes`.
-        tile_dots::<F, N>(
-            &queries,
-            &key_tile.keys,
-            &mut scores,
-            row_group,
-            lane,
-            tiling,
-        );
+        tile_dots::<F, N>(&queries, &kv.keys, &mut scores, row_group, lane, tiling);
 
         // Masks on an edge tile only; each row's maximum over its lanes.
         let full = geometry.padded == 0
@@ -150,7 +144,7 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
                             &geometry,
                         );
                     if geometry.padded == 1 {
-                        visible = visible && key_tile.padding[column as usize] < 0.5;
+                        visible = visible && kv.padding[column as usize] < 0.5;
                     }
                     score = select(visible, score, masked());
                 }
@@ -194,14 +188,7 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
         sync_cube();
 
         // The weighted sum: the unit's rows × its vectors of the head.
-        accumulate::<F, N>(
-            &weights,
-            &key_tile.values,
-            &mut acc,
-            row_group,
-            lane,
-            tiling,
-        );
+        accumulate::<F, N>(&weights, &kv.values, &mut acc, row_group, lane, tiling);
         sync_cube();
         start += tile;
     }
