@@ -3,7 +3,7 @@
 //! filter, e.g. `cargo bench -p attention-bench -- 'flex/fused/fwd'`.
 
 use attention_backends::{BackendName, OnBackend, dispatch};
-use attention_bench::{Impl, Mode, STANDARD_SHAPES, Shape, Timed, prepare, supports};
+use attention_bench::{Impl, Mode, STANDARD_SHAPES, Shape, Timed, prepare};
 use burn::prelude::*;
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -29,16 +29,16 @@ fn backend<B: Backend>(c: &mut Criterion, name: &str, device: &B::Device) {
             group.sample_size(10);
             for shape in STANDARD_SHAPES {
                 let shape: Shape = shape.parse().expect("standard shape");
+                let timed = Timed {
+                    implementation,
+                    mode,
+                    shape,
+                    calls: 1,
+                };
                 // Unsupported combinations (burn-nn has no cached decode) are left out. A case is
                 // prepared only when criterion runs it, so a filtered run prepares only its cases.
-                if supports(implementation, mode, shape).is_ok() {
+                if timed.supported().is_ok() {
                     group.bench_function(shape.to_string(), |b| {
-                        let timed = Timed {
-                            implementation,
-                            mode,
-                            shape,
-                            calls: 1,
-                        };
                         let mut case = prepare::<B>(timed, device).expect("supported");
                         b.iter(|| case.iteration())
                     });
