@@ -6,8 +6,9 @@
 //! through memory once per weight row. Packed, each panel is `k` runs of `PANEL` weights in the
 //! order they are used: a task holds one panel's `rows × PANEL` sums in registers while the
 //! panel streams by once, and the tasks split the output columns, so they share no sums. A
-//! prefill's rows take the same panel product in blocks of rows, one block per task, so that no
-//! call packs its operands as `gemm` does in each. The weights of one call (a layer's queries,
+//! prefill's rows take the same panel product in blocks of rows (and, at a few blocks, runs of
+//! panels), one block and run per task, so that no call packs its operands as `gemm` does in
+//! each. The weights of one call (a layer's queries,
 //! keys and values) are packed side by side, as one `[in, q + 2·kv]` matrix, and multiplied as
 //! one.
 //!
@@ -18,7 +19,8 @@
 //! holds, and copy the rest). A buffer's address then names its contents: an optimizer step makes
 //! new parameter buffers, whose first product packs them anew in place of the old copy.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::ops::Range;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use rayon::prelude::*;
 
@@ -181,7 +183,10 @@ impl PackedWeights {
         pass: usize,
     ) -> Vec<Vec<f32>> {
         assert!((1..=MAX_PRODUCT_ROWS).contains(&rows) && x.len() == rows * self.k);
-        let passes = Pass::all(x, self.k, pass);
+        let passes: Vec<Pass> = Pass::ranges(0..rows, pass)
+            .into_iter()
+            .map(|rows| Pass::new(x, self.k, rows))
+            .collect();
         let panels = self.panels.len() / (self.k * PANEL);
         let tasks = 4 * rayon::current_num_threads().max(1);
         let per_task = panels.div_ceil(tasks);
@@ -216,19 +221,22 @@ impl PackedWeights {
                 }
             });
         let mut outputs: Vec<Vec<f32>> = self.widths.iter().map(|&n| vec![0.0; rows * n]).collect();
-        let mut rows_of_outputs: Vec<&mut [f32]> =
-            outputs.iter_mut().map(Vec::as_mut_slice).collect();
+        let mut whole = OutputTile::grid(&mut outputs, &self.widths, &[0], &[0]);
         for (sums, segments) in by_panel.chunks_exact(rows * PANEL).zip(&self.segments) {
-            self.write_rows(sums, 0, segments, biases, &mut rows_of_outputs);
+            self.write_rows(sums, 0, segments, biases, &mut whole[0]);
         }
+        drop(whole);
         outputs
     }
 
-    /// A prefill's products, `x · weight_i + bias_i` for every packed weight: one task per block
-    /// of rows, which multiplies its rows (in passes that fit the registers) by a few panels at a
-    /// time, [`FEATURES_AT_ONCE`] features at a time, so that a panel's part stays in the
-    /// first-level cache for all the block's passes, and the block's inputs in the second; the
-    /// sums go to the outputs' rows once all features are added.
+    /// A prefill's products, `x · weight_i + bias_i` for every packed weight: its rows in blocks
+    /// and its panels in runs, one task per block and run, which multiplies its rows (in passes
+    /// that fit the registers) by a few panels at a time, [`FEATURES_AT_ONCE`] features at a
+    /// time, so that a panel's part stays in the first-level cache for all the block's passes,
+    /// and the block's inputs in the second; the sums go to the outputs' rows once all features
+    /// are added. Where there are fewer blocks than threads, each block's panels are cut in runs,
+    /// one task per thread: each task then reads its part of the weights, where smaller blocks
+    /// would each read all of them.
     ///
     /// # Shapes
     /// - `x`: `[rows, k]` row-major; `biases[i]`: `[n_i]`
@@ -241,71 +249,109 @@ impl PackedWeights {
     ) -> Vec<Vec<f32>> {
         let k = self.k;
         assert!(rows > 0 && x.len() == rows * k);
+        let panels = self.panels.len() / (k * PANEL);
         let threads = rayon::current_num_threads().max(1);
-        let block = rows.div_ceil(2 * threads).min(MAX_BLOCK_ROWS);
+        // Each block's rows in passes, whose inputs by feature the first task to take the pass
+        // makes.
+        let blocks: Vec<Vec<(Range<usize>, OnceLock<Pass>)>> =
+            even_parts(rows, rows.div_ceil(MAX_BLOCK_ROWS))
+                .into_iter()
+                .map(|block| {
+                    let passes = Pass::ranges(block, simd::rows_per_panel_pass()).into_iter();
+                    passes.map(|rows| (rows, OnceLock::new())).collect()
+                })
+                .collect();
+        let runs = even_parts(panels, threads.div_ceil(blocks.len()).min(panels));
         let mut outputs: Vec<Vec<f32>> = self.widths.iter().map(|&n| vec![0.0; rows * n]).collect();
-        // Each task's rows of every output.
-        let mut blocks: Vec<Vec<&mut [f32]>> =
-            (0..rows.div_ceil(block)).map(|_| Vec::new()).collect();
-        for (output, &n) in outputs.iter_mut().zip(&self.widths) {
-            for (block, rows) in blocks.iter_mut().zip(output.chunks_mut(block * n)) {
-                block.push(rows);
-            }
-        }
-        blocks
-            .into_par_iter()
-            .zip(x.par_chunks(block * k))
-            .for_each(|(mut outputs, x)| {
-                let passes = Pass::all(x, k, simd::rows_per_panel_pass());
-                let mut sums: Vec<Vec<f32>> = passes.iter().map(|_| Vec::new()).collect();
-                let group_weights = PANELS_AT_ONCE * k * PANEL;
-                for (group, panels) in self.panels.chunks(group_weights).enumerate() {
-                    let count = panels.len() / (k * PANEL);
-                    for (sums, pass) in sums.iter_mut().zip(&passes) {
-                        sums.resize(count * pass.rows * PANEL, 0.0);
-                    }
-                    for start in (0..k).step_by(FEATURES_AT_ONCE) {
-                        let features = start..(start + FEATURES_AT_ONCE).min(k);
-                        for (panel_index, panel) in panels.chunks_exact(k * PANEL).enumerate() {
-                            for (sums, pass) in sums.iter_mut().zip(&passes) {
-                                let size = pass.rows * PANEL;
-                                simd::rows_times_panels_f32(
-                                    &pass.x_by_feature,
-                                    pass.rows,
-                                    panel,
-                                    features.clone(),
-                                    &mut sums[panel_index * size..][..size],
-                                );
-                            }
-                        }
-                    }
-                    let segments = &self.segments[group * PANELS_AT_ONCE..];
-                    for (sums, pass) in sums.iter().zip(&passes) {
-                        for (sums, segments) in sums.chunks_exact(pass.rows * PANEL).zip(segments) {
-                            self.write_rows(sums, pass.first, segments, biases, &mut outputs);
-                        }
-                    }
-                }
+        let mut tiles = OutputTile::grid(
+            &mut outputs,
+            &self.widths,
+            &blocks
+                .iter()
+                .map(|passes| passes[0].0.start)
+                .collect::<Vec<_>>(),
+            &runs.iter().map(|run| run.start * PANEL).collect::<Vec<_>>(),
+        );
+        let blocks_and_runs = blocks.iter().flat_map(|passes| {
+            let runs = runs.iter().enumerate();
+            runs.map(move |(index, run)| (passes, index, run.clone()))
+        });
+        tiles
+            .par_iter_mut()
+            .zip(blocks_and_runs.collect::<Vec<_>>())
+            .for_each(|(tile, (passes, run_index, run))| {
+                // The tasks of one block start at passes spread over it, so that they make
+                // different passes' inputs at once rather than wait for one another's.
+                let first = run_index * passes.len() / runs.len();
+                let passes: Vec<&Pass> = passes[first..]
+                    .iter()
+                    .chain(&passes[..first])
+                    .map(|(rows, pass)| pass.get_or_init(|| Pass::new(x, k, rows.clone())))
+                    .collect();
+                self.rows_times_run(&passes, run, biases, tile);
             });
+        drop(tiles);
         outputs
     }
 
+    /// One task of [`Self::product_of_many_rows`]: a block of rows (its passes) times a run of
+    /// panels, into the tile of the outputs they make.
+    fn rows_times_run(
+        &self,
+        passes: &[&Pass],
+        run: Range<usize>,
+        biases: &[Option<&[f32]>],
+        tile: &mut OutputTile,
+    ) {
+        let k = self.k;
+        let mut sums: Vec<Vec<f32>> = passes.iter().map(|_| Vec::new()).collect();
+        for first in run.clone().step_by(PANELS_AT_ONCE) {
+            let group = first..(first + PANELS_AT_ONCE).min(run.end);
+            let panels = &self.panels[group.start * k * PANEL..group.end * k * PANEL];
+            for (sums, pass) in sums.iter_mut().zip(passes) {
+                sums.resize(group.len() * pass.rows * PANEL, 0.0);
+            }
+            for start in (0..k).step_by(FEATURES_AT_ONCE) {
+                let features = start..(start + FEATURES_AT_ONCE).min(k);
+                for (panel_index, panel) in panels.chunks_exact(k * PANEL).enumerate() {
+                    for (sums, pass) in sums.iter_mut().zip(passes) {
+                        let size = pass.rows * PANEL;
+                        simd::rows_times_panels_f32(
+                            &pass.x_by_feature,
+                            pass.rows,
+                            panel,
+                            features.clone(),
+                            &mut sums[panel_index * size..][..size],
+                        );
+                    }
+                }
+            }
+            for (sums, pass) in sums.iter().zip(passes) {
+                let panel_sums = sums.chunks_exact(pass.rows * PANEL);
+                for (sums, segments) in panel_sums.zip(&self.segments[group.clone()]) {
+                    self.write_rows(sums, pass.first, segments, biases, tile);
+                }
+            }
+        }
+    }
+
     /// One panel's sums for a pass of rows (`[rows, PANEL]`, the first `first_row`), plus the
-    /// biases, into the outputs' rows (each output a run of whole rows of `[rows, n_i]`).
+    /// biases, into the outputs' tile that holds them.
     fn write_rows(
         &self,
         sums: &[f32],
         first_row: usize,
         segments: &[Segment],
         biases: &[Option<&[f32]>],
-        outputs: &mut [&mut [f32]],
+        tile: &mut OutputTile,
     ) {
         for segment in segments {
-            let n = self.widths[segment.weight];
             let bias = biases[segment.weight].map(|bias| &bias[segment.columns.clone()]);
-            for (row, sums) in sums.chunks_exact(PANEL).enumerate() {
-                let start = (first_row + row) * n + segment.columns.start;
-                let out = &mut outputs[segment.weight][start..][..segment.columns.len()];
+            let first_column = tile.first_columns[segment.weight];
+            let columns = segment.columns.start - first_column..segment.columns.end - first_column;
+            let rows = &mut tile.rows[segment.weight][first_row - tile.first_row..];
+            for (sums, row) in sums.chunks_exact(PANEL).zip(rows) {
+                let out = &mut row[columns.clone()];
                 let sums = &sums[segment.lanes.clone()];
                 match bias {
                     Some(bias) => out
@@ -317,6 +363,83 @@ impl PackedWeights {
             }
         }
     }
+}
+
+/// The part of every output that one task writes: a run of its rows and a run of its columns.
+struct OutputTile<'a> {
+    /// Per output, the tile's part of each of its rows (empty where the tile's columns are
+    /// another output's).
+    rows: Vec<Vec<&'a mut [f32]>>,
+    /// The first row's index in the outputs.
+    first_row: usize,
+    /// Per output, the index of the tile's first column.
+    first_columns: Vec<usize>,
+}
+
+impl<'a> OutputTile<'a> {
+    /// The outputs cut in tiles, rows before each of `row_cuts` and the columns of the outputs
+    /// side by side before each of `column_cuts` (each list ascending, starting at 0): a tile
+    /// per run of rows and run of columns, the column runs of a row run next to each other.
+    ///
+    /// # Shapes
+    /// - `outputs[i]`: `[rows, widths[i]]` row-major
+    fn grid(
+        outputs: &'a mut [Vec<f32>],
+        widths: &[usize],
+        row_cuts: &[usize],
+        column_cuts: &[usize],
+    ) -> Vec<Self> {
+        let mut tiles: Vec<Self> = row_cuts
+            .iter()
+            .flat_map(|&first_row| {
+                column_cuts.iter().map(move |_| Self {
+                    rows: Vec::new(),
+                    first_row,
+                    first_columns: Vec::new(),
+                })
+            })
+            .collect();
+        let mut first_column_of_output = 0;
+        for (output, &n) in outputs.iter_mut().zip(widths) {
+            // Each cut of the columns side by side, as a column of this output.
+            let columns: Vec<usize> = column_cuts
+                .iter()
+                .map(|&cut| cut.clamp(first_column_of_output, first_column_of_output + n))
+                .map(|cut| cut - first_column_of_output)
+                .collect();
+            for tile in &mut tiles {
+                tile.rows.push(Vec::new());
+            }
+            for (row, mut rest) in output.chunks_exact_mut(n).enumerate() {
+                let row_run = row_cuts.partition_point(|&cut| cut <= row) - 1;
+                let tiles = &mut tiles[row_run * column_cuts.len()..][..column_cuts.len()];
+                for (tile, (&start, &end)) in tiles
+                    .iter_mut()
+                    .zip(columns.iter().zip(columns[1..].iter().chain([n].iter())))
+                {
+                    let (piece, tail) = std::mem::take(&mut rest).split_at_mut(end - start);
+                    tile.rows.last_mut().expect("pushed above").push(piece);
+                    rest = tail;
+                }
+            }
+            for (tile, &first_column) in tiles.iter_mut().zip(columns.iter().cycle()) {
+                tile.first_columns.push(first_column);
+            }
+            first_column_of_output += n;
+        }
+        tiles
+    }
+}
+
+/// `0..len` cut in `parts` runs (at least 1, at most `len`) whose lengths differ by one at most.
+fn even_parts(len: usize, parts: usize) -> Vec<Range<usize>> {
+    let (least, longer) = (len / parts, len % parts);
+    (0..parts)
+        .map(|part| {
+            let first = part * least + part.min(longer);
+            first..first + least + usize::from(part < longer)
+        })
+        .collect()
 }
 
 /// Per panel of weights `widths` columns wide packed side by side, the runs of its lanes that
@@ -378,33 +501,35 @@ struct Pass {
 }
 
 impl Pass {
-    /// `x`'s rows in as few passes of at most `rows` each as there can be, of sizes that differ
-    /// by one at most (a last pass of a few rows would leave most of the registers idle).
+    /// `rows` in as few passes of at most `per_pass` rows each as there can be, of sizes that
+    /// differ by one at most (a last pass of a few rows would leave most of the registers idle):
+    /// each pass's rows.
+    fn ranges(rows: Range<usize>, per_pass: usize) -> Vec<Range<usize>> {
+        let passes = even_parts(rows.len(), rows.len().div_ceil(per_pass));
+        let first = rows.start;
+        passes
+            .into_iter()
+            .map(|pass| first + pass.start..first + pass.end)
+            .collect()
+    }
+
+    /// The pass of `x`'s `rows`.
     ///
     /// # Shapes
     /// - `x`: `[rows_of_x, k]` row-major
-    fn all(x: &[f32], k: usize, rows: usize) -> Vec<Self> {
-        let rows_of_x = x.len() / k;
-        let passes = rows_of_x.div_ceil(rows);
-        let mut first = 0;
-        (0..passes)
-            .map(|pass| {
-                let count = rows_of_x / passes + usize::from(pass < rows_of_x % passes);
-                let mut x_by_feature = vec![0.0f32; k * count];
-                for (row, x) in x.chunks_exact(k).skip(first).take(count).enumerate() {
-                    for (feature, &x) in x.iter().enumerate() {
-                        x_by_feature[feature * count + row] = x;
-                    }
-                }
-                let pass = Self {
-                    first,
-                    rows: count,
-                    x_by_feature,
-                };
-                first += count;
-                pass
-            })
-            .collect()
+    fn new(x: &[f32], k: usize, rows: Range<usize>) -> Self {
+        let count = rows.len();
+        let mut x_by_feature = vec![0.0f32; k * count];
+        for (row, x) in x[rows.start * k..rows.end * k].chunks_exact(k).enumerate() {
+            for (feature, &x) in x.iter().enumerate() {
+                x_by_feature[feature * count + row] = x;
+            }
+        }
+        Self {
+            first: rows.start,
+            rows: count,
+            x_by_feature,
+        }
     }
 }
 
@@ -459,26 +584,43 @@ mod tests {
     }
 
     /// A prefill's products add each output's terms in the order a decoding step's do, whatever
-    /// its blocks of rows, passes, groups of panels and runs of features: the same bits as the
-    /// rows taken one at a time, on widths that end inside a panel and inside a run of features.
+    /// its blocks of rows, runs of panels, passes, groups of panels and runs of features: the same
+    /// bits as the rows taken one at a time, for weights packed side by side on widths that end
+    /// inside a panel and inside a run of features, on 1 to 3 threads (which cut the work in
+    /// other tiles).
     #[test]
     fn a_prefill_sums_as_a_decoding_step_does() {
         let device = Default::default();
         let normal = Distribution::Normal(0.0, 1.0);
-        let (k, n) = (2 * FEATURES_AT_ONCE + 89, (PANELS_AT_ONCE + 2) * PANEL + 7);
-        let weight = Tensor::<Flex, 2>::random([k, n], normal, &device);
-        let host = HostMatrix::of(&weight).expect("bare flex");
-        let packed = PackedWeights::pack(&[&host]);
-        let bias: Vec<f32> = (0..n).map(|i| i as f32 / 7.0).collect();
-        for rows in [9, 15, 29, 40] {
+        let k = 2 * FEATURES_AT_ONCE + 89;
+        let widths = [(PANELS_AT_ONCE + 2) * PANEL + 7, 45, 3 * PANEL];
+        let weights: Vec<HostMatrix> = widths
+            .iter()
+            .map(|&n| Tensor::<Flex, 2>::random([k, n], normal, &device))
+            .map(|weight| HostMatrix::of(&weight).expect("bare flex"))
+            .collect();
+        let packed = PackedWeights::pack(&weights.iter().collect::<Vec<_>>());
+        let biases: Vec<Vec<f32>> = widths
+            .iter()
+            .map(|&n| (0..n).map(|i| i as f32 / 7.0).collect())
+            .collect();
+        let biases: Vec<Option<&[f32]>> = [Some(&biases[0][..]), None, Some(&biases[2][..])].into();
+        for rows in [9, 15, 29, 40, MAX_BLOCK_ROWS + 21] {
             let x = Tensor::<Flex, 2>::random([rows, k], normal, &device);
             let x = x.into_data().into_vec::<f32>().expect("f32");
-            let prefill = packed.product_of_many_rows(&x, rows, &[Some(&bias)]);
-            let row_by_row: Vec<f32> = x
-                .chunks_exact(k)
-                .flat_map(|row| packed.product(row, 1, &[Some(&bias)]).remove(0))
-                .collect();
-            assert_eq!(prefill[0], row_by_row, "{rows} rows");
+            let mut row_by_row = vec![Vec::new(); widths.len()];
+            for row in x.chunks_exact(k) {
+                for (all, one) in row_by_row.iter_mut().zip(packed.product(row, 1, &biases)) {
+                    all.extend(one);
+                }
+            }
+            for threads in 1..=3 {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+                let prefill = pool
+                    .expect("a thread pool")
+                    .install(|| packed.product_of_many_rows(&x, rows, &biases));
+                assert_eq!(prefill, row_by_row, "{rows} rows, {threads} threads");
+            }
         }
     }
 
