@@ -29,9 +29,12 @@ use super::simd::{self, MAX_PRODUCT_ROWS, PANEL};
 
 /// Weights side by side, in panels of `PANEL` columns.
 pub(super) struct PackedWeights {
-    /// `[panels, k, PANEL]`: panel `p` holds the concatenated columns `p·PANEL ..` of every
-    /// input feature, zero past the last column.
-    panels: Vec<f32>,
+    /// `[panels, k, PANEL]` from `first_panel_float` on: panel `p` holds the concatenated
+    /// columns `p·PANEL ..` of every input feature, zero past the last column.
+    buffer: Vec<f32>,
+    /// Where the panels start in `buffer`: at a cache line, so that no vector load of a
+    /// panel's `PANEL` weights spans two lines.
+    first_panel_float: usize,
     k: usize,
     /// The number of columns of each weight, in order.
     widths: Vec<usize>,
@@ -123,6 +126,12 @@ impl PackedWeights {
         self.sources.iter().map(HostMatrix::key).collect()
     }
 
+    /// `[panels, k, PANEL]`
+    fn panels(&self) -> &[f32] {
+        let len = self.buffer.len() - (CACHE_LINE_FLOATS - 1);
+        &self.buffer[self.first_panel_float..][..len]
+    }
+
     fn pack(weights: &[&HostMatrix]) -> Self {
         let k = weights[0].rows();
         let widths: Vec<usize> = weights.iter().map(|weight| weight.columns).collect();
@@ -134,8 +143,13 @@ impl PackedWeights {
                 (0..n).map(move |column| (weight.floats(), weight.layout, n, column))
             })
             .collect();
-        let mut panels = vec![0.0f32; columns.len().div_ceil(PANEL) * k * PANEL];
-        panels
+        let len = columns.len().div_ceil(PANEL) * k * PANEL;
+        let mut buffer = vec![0.0f32; len + CACHE_LINE_FLOATS - 1];
+        let first_panel_float = buffer
+            .as_ptr()
+            .align_offset(CACHE_LINE_FLOATS * size_of::<f32>())
+            .min(CACHE_LINE_FLOATS - 1);
+        buffer[first_panel_float..][..len]
             .par_chunks_mut(k * PANEL)
             .zip(columns.par_chunks(PANEL))
             .for_each(|(panel, columns)| {
@@ -151,7 +165,8 @@ impl PackedWeights {
                 }
             });
         Self {
-            panels,
+            buffer,
+            first_panel_float,
             k,
             segments: segments(&widths),
             widths,
@@ -187,14 +202,14 @@ impl PackedWeights {
             .into_iter()
             .map(|rows| Pass::new(x, self.k, rows))
             .collect();
-        let panels = self.panels.len() / (self.k * PANEL);
+        let panels = self.panels().len() / (self.k * PANEL);
         let tasks = 4 * rayon::current_num_threads().max(1);
         let per_task = panels.div_ceil(tasks);
         // `[panels, rows, PANEL]`: each task's panels are one piece.
         let mut by_panel = vec![0.0f32; panels * rows * PANEL];
         by_panel
             .par_chunks_mut(per_task * rows * PANEL)
-            .zip(self.panels.par_chunks(per_task * self.k * PANEL))
+            .zip(self.panels().par_chunks(per_task * self.k * PANEL))
             .for_each(|(out, panels)| {
                 if let [pass] = passes.as_slice() {
                     simd::rows_times_panels_f32(&pass.x_by_feature, rows, panels, 0..self.k, out);
@@ -249,7 +264,7 @@ impl PackedWeights {
     ) -> Vec<Vec<f32>> {
         let k = self.k;
         assert!(rows > 0 && x.len() == rows * k);
-        let panels = self.panels.len() / (k * PANEL);
+        let panels = self.panels().len() / (k * PANEL);
         let threads = rayon::current_num_threads().max(1);
         // Each block's rows in passes, whose inputs by feature the first task to take the pass
         // makes.
@@ -307,7 +322,7 @@ impl PackedWeights {
         let mut sums: Vec<Vec<f32>> = passes.iter().map(|_| Vec::new()).collect();
         for first in run.clone().step_by(PANELS_AT_ONCE) {
             let group = first..(first + PANELS_AT_ONCE).min(run.end);
-            let panels = &self.panels[group.start * k * PANEL..group.end * k * PANEL];
+            let panels = &self.panels()[group.start * k * PANEL..group.end * k * PANEL];
             for (sums, pass) in sums.iter_mut().zip(passes) {
                 sums.resize(group.len() * pass.rows * PANEL, 0.0);
             }
@@ -467,6 +482,9 @@ fn segments(widths: &[usize]) -> Vec<Vec<Segment>> {
     }
     segments
 }
+
+/// The floats of one 64-byte cache line.
+const CACHE_LINE_FLOATS: usize = 16;
 
 /// The most rows one task of [`PackedWeights::product_of_many_rows`] takes: its inputs, by
 /// feature, stay in the core's second-level cache.
