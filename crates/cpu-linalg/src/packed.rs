@@ -483,6 +483,9 @@ fn segments(widths: &[usize]) -> Vec<Vec<Segment>> {
     segments
 }
 
+/// The features of a pass's inputs [`Pass::new`] turns feature-major at a time.
+const FEATURES_TURNED_AT_ONCE: usize = 256;
+
 /// The floats of one 64-byte cache line.
 const CACHE_LINE_FLOATS: usize = 16;
 
@@ -537,10 +540,20 @@ impl Pass {
     /// - `x`: `[rows_of_x, k]` row-major
     fn new(x: &[f32], k: usize, rows: Range<usize>) -> Self {
         let count = rows.len();
+        let x = &x[rows.start * k..rows.end * k];
         let mut x_by_feature = vec![0.0f32; k * count];
-        for (row, x) in x[rows.start * k..rows.end * k].chunks_exact(k).enumerate() {
-            for (feature, &x) in x.iter().enumerate() {
-                x_by_feature[feature * count + row] = x;
+        // A run of features at a time, each row's in turn: the run's writes, `count` floats
+        // apart, stay in the first-level cache, where a row's whole `k` would not.
+        for (run, x_by_feature) in x_by_feature
+            .chunks_mut(FEATURES_TURNED_AT_ONCE * count)
+            .enumerate()
+        {
+            let first = run * FEATURES_TURNED_AT_ONCE;
+            let features = first..first + x_by_feature.len() / count;
+            for (row, x) in x.chunks_exact(k).enumerate() {
+                for (feature, &x) in x[features.clone()].iter().enumerate() {
+                    x_by_feature[feature * count + row] = x;
+                }
             }
         }
         Self {
@@ -597,6 +610,26 @@ mod tests {
             let expected = reference(&x, rows, host.floats(), n, &bias);
             for (ours, expected) in one_pass[0].iter().zip(expected) {
                 assert!((f64::from(*ours) - expected).abs() <= 1e-5 * (1.0 + expected.abs()));
+            }
+        }
+    }
+
+    /// A pass holds its rows' inputs feature by feature, over more features than it turns at
+    /// once, and rows that do not start at the first.
+    #[test]
+    fn a_pass_holds_its_rows_by_feature() {
+        let k = 2 * FEATURES_TURNED_AT_ONCE + 37;
+        let x: Vec<f32> = (0..9 * k).map(|i| i as f32).collect();
+        let pass = Pass::new(&x, k, 3..8);
+        assert_eq!((pass.first, pass.rows), (3, 5));
+        for feature in 0..k {
+            for row in 0..5 {
+                let expected = x[(3 + row) * k + feature];
+                assert_eq!(
+                    pass.x_by_feature[feature * 5 + row],
+                    expected,
+                    "{feature}, {row}"
+                );
             }
         }
     }
