@@ -8,9 +8,8 @@
 //! panel streams by once, and the tasks split the output columns, so they share no sums. A
 //! prefill's rows take the same panel product in blocks of rows (and, at a few blocks, runs of
 //! panels), one block and run per task, so that no call packs its operands as `gemm` does in
-//! each. The weights of one call (a layer's queries,
-//! keys and values) are packed side by side, as one `[in, q + 2·kv]` matrix, and multiplied as
-//! one.
+//! each. The weights of one call (a layer's queries, keys and values) are packed side by side,
+//! as one `[in, q + 2·kv]` matrix, and multiplied as one.
 //!
 //! Packing is done once per weight buffer, not per call, and kept by the module that makes the
 //! call ([`PackedWeightsCache`]): a packed matrix holds its sources' buffers (a clone of each
