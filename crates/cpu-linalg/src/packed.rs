@@ -239,7 +239,6 @@ impl PackedWeights {
         for (sums, segments) in by_panel.chunks_exact(rows * PANEL).zip(&self.segments) {
             self.write_rows(sums, 0, segments, biases, &mut whole[0]);
         }
-        drop(whole);
         outputs
     }
 
@@ -304,7 +303,6 @@ impl PackedWeights {
                     .collect();
                 self.rows_times_run(&passes, run, biases, tile);
             });
-        drop(tiles);
         outputs
     }
 
