@@ -249,7 +249,9 @@ impl PackedWeights {
     /// and the block's inputs in the second; the sums go to the outputs' rows once all features
     /// are added. Where there are fewer blocks than threads, each block's panels are cut in runs,
     /// one task per thread: each task then reads its part of the weights, where smaller blocks
-    /// would each read all of them.
+    /// would each read all of them. Otherwise a worker turns the inputs of each block it takes
+    /// in the buffers of the one before: a call holds one block's inputs by feature per worker,
+    /// not all of its rows'.
     ///
     /// # Shapes
     /// - `x`: `[rows, k]` row-major; `biases[i]`: `[n_i]`
@@ -264,43 +266,59 @@ impl PackedWeights {
         assert!(rows > 0 && x.len() == rows * k);
         let panels = self.panels().len() / (k * PANEL);
         let threads = rayon::current_num_threads().max(1);
-        // Each block's rows in passes, whose inputs by feature the first task to take the pass
-        // makes.
-        let blocks: Vec<Vec<(Range<usize>, OnceLock<Pass>)>> =
-            even_parts(rows, rows.div_ceil(MAX_BLOCK_ROWS))
-                .into_iter()
-                .map(|block| {
-                    let passes = Pass::ranges(block, simd::rows_per_panel_pass()).into_iter();
-                    passes.map(|rows| (rows, OnceLock::new())).collect()
-                })
-                .collect();
+        // Each block's rows in passes.
+        let blocks: Vec<Vec<Range<usize>>> = even_parts(rows, rows.div_ceil(MAX_BLOCK_ROWS))
+            .into_iter()
+            .map(|block| Pass::ranges(block, simd::rows_per_panel_pass()))
+            .collect();
         let runs = even_parts(panels, threads.div_ceil(blocks.len()).min(panels));
+        // Where a block is cut in runs, the inputs by feature of its passes, made by the first of
+        // its tasks to take each.
+        let shared: Vec<Vec<OnceLock<Pass>>> = match runs.len() {
+            1 => Vec::new(),
+            _ => blocks
+                .iter()
+                .map(|passes| passes.iter().map(|_| OnceLock::new()).collect())
+                .collect(),
+        };
         let mut outputs: Vec<Vec<f32>> = self.widths.iter().map(|&n| vec![0.0; rows * n]).collect();
         let mut tiles = OutputTile::grid(
             &mut outputs,
             &self.widths,
             &blocks
                 .iter()
-                .map(|passes| passes[0].0.start)
+                .map(|passes| passes[0].start)
                 .collect::<Vec<_>>(),
             &runs.iter().map(|run| run.start * PANEL).collect::<Vec<_>>(),
         );
-        let blocks_and_runs = blocks.iter().flat_map(|passes| {
+        let blocks_and_runs = (0..blocks.len()).flat_map(|block| {
             let runs = runs.iter().enumerate();
-            runs.map(move |(index, run)| (passes, index, run.clone()))
+            runs.map(move |(index, run)| (block, index, run.clone()))
         });
         tiles
             .par_iter_mut()
             .zip(blocks_and_runs.collect::<Vec<_>>())
-            .for_each(|(tile, (passes, run_index, run))| {
-                // The tasks of one block start at passes spread over it, so that they make
-                // different passes' inputs at once rather than wait for one another's.
-                let first = run_index * passes.len() / runs.len();
-                let passes: Vec<&Pass> = passes[first..]
-                    .iter()
-                    .chain(&passes[..first])
-                    .map(|(rows, pass)| pass.get_or_init(|| Pass::new(x, k, rows.clone())))
-                    .collect();
+            .for_each_init(Vec::new, |own, (tile, (block, run_index, run))| {
+                let passes: Vec<&Pass> = match shared.get(block) {
+                    // The block is this task's alone: its inputs go to the buffers of the block
+                    // this worker took before, mapped and cached already, where new buffers
+                    // for each block would be mapped afresh (as large ones are, once freed).
+                    None => {
+                        Pass::remake(own, x, k, &blocks[block]);
+                        own.iter().collect()
+                    }
+                    // The tasks of one block start at passes spread over it, so that they make
+                    // different passes' inputs at once rather than wait for one another's.
+                    Some(passes) => {
+                        let first = run_index * passes.len() / runs.len();
+                        let ranges = blocks[block][first..].iter().chain(&blocks[block][..first]);
+                        let passes = passes[first..].iter().chain(&passes[..first]);
+                        passes
+                            .zip(ranges)
+                            .map(|(pass, rows)| pass.get_or_init(|| Pass::new(x, k, rows.clone())))
+                            .collect()
+                    }
+                };
                 self.rows_times_run(&passes, run, biases, tile);
             });
         outputs
@@ -536,9 +554,34 @@ impl Pass {
     /// # Shapes
     /// - `x`: `[rows_of_x, k]` row-major
     fn new(x: &[f32], k: usize, rows: Range<usize>) -> Self {
+        let mut pass = Self {
+            first: rows.start,
+            rows: rows.len(),
+            x_by_feature: Vec::new(),
+        };
+        pass.turn(x, k, rows);
+        pass
+    }
+
+    /// `passes` made the passes of `x`'s rows in `ranges`, in the buffers they had.
+    fn remake(passes: &mut Vec<Self>, x: &[f32], k: usize, ranges: &[Range<usize>]) {
+        passes.truncate(ranges.len());
+        for (index, rows) in ranges.iter().enumerate() {
+            match passes.get_mut(index) {
+                Some(pass) => pass.turn(x, k, rows.clone()),
+                None => passes.push(Self::new(x, k, rows.clone())),
+            }
+        }
+    }
+
+    /// This pass made the pass of `x`'s `rows`, in its buffer.
+    fn turn(&mut self, x: &[f32], k: usize, rows: Range<usize>) {
         let count = rows.len();
+        (self.first, self.rows) = (rows.start, count);
         let x = &x[rows.start * k..rows.end * k];
-        let mut x_by_feature = vec![0.0f32; k * count];
+        let x_by_feature = &mut self.x_by_feature;
+        x_by_feature.clear();
+        x_by_feature.resize(k * count, 0.0);
         // A run of features at a time, each row's in turn: the run's writes, `count` floats
         // apart, stay in the first-level cache, where a row's whole `k` would not.
         for (run, x_by_feature) in x_by_feature
@@ -552,11 +595,6 @@ impl Pass {
                     x_by_feature[feature * count + row] = x;
                 }
             }
-        }
-        Self {
-            first: rows.start,
-            rows: count,
-            x_by_feature,
         }
     }
 }
@@ -612,30 +650,37 @@ mod tests {
     }
 
     /// A pass holds its rows' inputs feature by feature, over more features than it turns at
-    /// once, and rows that do not start at the first.
+    /// once, and rows that do not start at the first, made anew or in the buffer of a pass of
+    /// other rows.
     #[test]
     fn a_pass_holds_its_rows_by_feature() {
         let k = 2 * FEATURES_TURNED_AT_ONCE + 37;
         let x: Vec<f32> = (0..9 * k).map(|i| i as f32).collect();
-        let pass = Pass::new(&x, k, 3..8);
-        assert_eq!((pass.first, pass.rows), (3, 5));
-        for feature in 0..k {
-            for row in 0..5 {
-                let expected = x[(3 + row) * k + feature];
-                assert_eq!(
-                    pass.x_by_feature[feature * 5 + row],
-                    expected,
-                    "{feature}, {row}"
-                );
+        let mut remade = vec![Pass::new(&x, k, 0..9), Pass::new(&x, k, 0..2)];
+        Pass::remake(&mut remade, &x, k, std::slice::from_ref(&(3..8)));
+        for pass in [Pass::new(&x, k, 3..8), remade.pop().expect("one pass")] {
+            assert_eq!((pass.first, pass.rows), (3, 5));
+            assert_eq!(pass.x_by_feature.len(), 5 * k);
+            for feature in 0..k {
+                for row in 0..5 {
+                    let expected = x[(3 + row) * k + feature];
+                    assert_eq!(
+                        pass.x_by_feature[feature * 5 + row],
+                        expected,
+                        "{feature}, {row}"
+                    );
+                }
             }
         }
+        assert!(remade.is_empty(), "the second pass is dropped");
     }
 
     /// A prefill's products add each output's terms in the order a decoding step's do, whatever
     /// its blocks of rows, runs of panels, passes, groups of panels and runs of features: the same
     /// bits as the rows taken one at a time, for weights packed side by side on widths that end
     /// inside a panel and inside a run of features, on 1 to 3 threads (which cut the work in
-    /// other tiles).
+    /// other tiles: blocks that are one task's, whose inputs a worker turns in the buffers of
+    /// the block it took before, of as many passes or fewer, and blocks cut in runs).
     #[test]
     fn a_prefill_sums_as_a_decoding_step_does() {
         let device = Default::default();
@@ -653,7 +698,7 @@ mod tests {
             .map(|&n| (0..n).map(|i| i as f32 / 7.0).collect())
             .collect();
         let biases: Vec<Option<&[f32]>> = [Some(&biases[0][..]), None, Some(&biases[2][..])].into();
-        for rows in [9, 15, 29, 40, MAX_BLOCK_ROWS + 21] {
+        for rows in [9, 15, 29, 40, MAX_BLOCK_ROWS + 13, MAX_BLOCK_ROWS + 21] {
             let x = Tensor::<Flex, 2>::random([rows, k], normal, &device);
             let x = x.into_data().into_vec::<f32>().expect("f32");
             let mut row_by_row = vec![Vec::new(); widths.len()];
