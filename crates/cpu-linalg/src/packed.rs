@@ -21,6 +21,7 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+use memmap2::MmapMut;
 use rayon::prelude::*;
 
 use super::products::{HostMatrix, Layout};
@@ -28,12 +29,9 @@ use super::simd::{self, MAX_PRODUCT_ROWS, PANEL};
 
 /// Weights side by side, in panels of `PANEL` columns.
 pub(super) struct PackedWeights {
-    /// `[panels, k, PANEL]` from `first_panel_float` on: panel `p` holds the concatenated
+    /// `[panels, k, PANEL]` floats (see [`zeroed_pages`]): panel `p` holds the concatenated
     /// columns `p·PANEL ..` of every input feature, zero past the last column.
-    buffer: Vec<f32>,
-    /// Where the panels start in `buffer`: at a cache line, so that no vector load of a
-    /// panel's `PANEL` weights spans two lines.
-    first_panel_float: usize,
+    buffer: MmapMut,
     k: usize,
     /// The number of columns of each weight, in order.
     widths: Vec<usize>,
@@ -127,8 +125,7 @@ impl PackedWeights {
 
     /// `[panels, k, PANEL]`
     fn panels(&self) -> &[f32] {
-        let len = self.buffer.len() - (CACHE_LINE_FLOATS - 1);
-        &self.buffer[self.first_panel_float..][..len]
+        bytemuck::cast_slice(&self.buffer)
     }
 
     fn pack(weights: &[&HostMatrix]) -> Self {
@@ -143,12 +140,8 @@ impl PackedWeights {
             })
             .collect();
         let len = columns.len().div_ceil(PANEL) * k * PANEL;
-        let mut buffer = vec![0.0f32; len + CACHE_LINE_FLOATS - 1];
-        let first_panel_float = buffer
-            .as_ptr()
-            .align_offset(CACHE_LINE_FLOATS * size_of::<f32>())
-            .min(CACHE_LINE_FLOATS - 1);
-        buffer[first_panel_float..][..len]
+        let mut buffer = zeroed_pages(len);
+        bytemuck::cast_slice_mut::<u8, f32>(&mut buffer)
             .par_chunks_mut(k * PANEL)
             .zip(columns.par_chunks(PANEL))
             .for_each(|(panel, columns)| {
@@ -165,7 +158,6 @@ impl PackedWeights {
             });
         Self {
             buffer,
-            first_panel_float,
             k,
             segments: segments(&widths),
             widths,
@@ -501,8 +493,20 @@ fn segments(widths: &[usize]) -> Vec<Vec<Segment>> {
 /// The features of a pass's inputs [`Pass::new`] turns feature-major at a time.
 const FEATURES_TURNED_AT_ONCE: usize = 256;
 
-/// The floats of one 64-byte cache line.
-const CACHE_LINE_FLOATS: usize = 16;
+/// Zeroed memory for `floats` packed floats: pages of their own, so that the panels start at a
+/// cache line (no vector load of a panel's `PANEL` weights spans two) and, on Linux, in 2 MiB
+/// pages where the kernel has them to give: a decoding step streams every packed weight once,
+/// and over 4 KiB pages it would walk the page tables every 4 KiB.
+///
+/// # Panics
+/// Where the memory cannot be had, as a `Vec`'s allocation would.
+fn zeroed_pages(floats: usize) -> MmapMut {
+    let memory = MmapMut::map_anon(floats * size_of::<f32>()).expect("memory for packed weights");
+    // Advice only: without transparent huge pages, 4 KiB pages serve as well.
+    #[cfg(target_os = "linux")]
+    let _ = memory.advise(memmap2::Advice::HugePage);
+    memory
+}
 
 /// The most rows one task of [`PackedWeights::product_of_many_rows`] takes: its inputs, by
 /// feature, stay in the core's second-level cache.
