@@ -241,9 +241,9 @@ impl PackedWeights {
     /// and the block's inputs in the second; the sums go to the outputs' rows once all features
     /// are added. Where there are fewer blocks than threads, each block's panels are cut in runs,
     /// one task per thread: each task then reads its part of the weights, where smaller blocks
-    /// would each read all of them. Otherwise a worker turns the inputs of each block it takes
-    /// in the buffers of the one before: a call holds one block's inputs by feature per worker,
-    /// not all of its rows'.
+    /// would each read all of them. Otherwise the blocks that one piece of rayon's split of the
+    /// tasks takes in turn are turned in one set of buffers: a call holds a few blocks' inputs
+    /// by feature at once, not all of its rows'.
     ///
     /// # Shapes
     /// - `x`: `[rows, k]` row-major; `biases[i]`: `[n_i]`
@@ -293,8 +293,9 @@ impl PackedWeights {
             .for_each_init(Vec::new, |own, (tile, (block, run_index, run))| {
                 let passes: Vec<&Pass> = match shared.get(block) {
                     // The block is this task's alone: its inputs go to the buffers of the block
-                    // this worker took before, mapped and cached already, where new buffers
-                    // for each block would be mapped afresh (as large ones are, once freed).
+                    // taken before in this piece of the split, mapped and cached already, where
+                    // new buffers for each block would be mapped afresh (as large ones are, once
+                    // freed).
                     None => {
                         Pass::remake(own, x, k, &blocks[block]);
                         own.iter().collect()
