@@ -584,8 +584,8 @@ impl Pass {
         let count = rows.len();
         (self.first, self.rows) = (rows.start, count);
         let x = &x[rows.start * k..rows.end * k];
+        // Every float is written below: the buffer's old values need no clearing.
         let x_by_feature = &mut self.x_by_feature;
-        x_by_feature.clear();
         x_by_feature.resize(k * count, 0.0);
         // A run of features at a time, each row's in turn: the run's writes, `count` floats
         // apart, stay in the first-level cache, where a row's whole `k` would not.
@@ -684,8 +684,9 @@ mod tests {
     /// its blocks of rows, runs of panels, passes, groups of panels and runs of features: the same
     /// bits as the rows taken one at a time, for weights packed side by side on widths that end
     /// inside a panel and inside a run of features, on 1 to 3 threads (which cut the work in
-    /// other tiles: blocks that are one task's, whose inputs a worker turns in the buffers of
-    /// the block it took before, of as many passes or fewer, and blocks cut in runs).
+    /// other tiles: blocks that are one task's, whose inputs are turned in the buffers of the
+    /// block taken before in the same piece of rayon's split, of as many passes or fewer, and
+    /// blocks cut in runs).
     #[test]
     fn a_prefill_sums_as_a_decoding_step_does() {
         let device = Default::default();
