@@ -20,6 +20,7 @@ mod backends;
 mod elementwise;
 mod matvec;
 mod packed;
+mod prefill_blocking;
 mod products;
 mod products_op;
 pub mod projection;

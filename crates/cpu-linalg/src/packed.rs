@@ -7,9 +7,10 @@
 //! order they are used: a task holds one panel's `rows × PANEL` sums in registers while the
 //! panel streams by once, and the tasks split the output columns, so they share no sums. A
 //! prefill's rows take the same panel product in blocks of rows (and, at a few blocks, runs of
-//! panels), one block and run per task, so that no call packs its operands as `gemm` does in
-//! each. The weights of one call (a layer's queries, keys and values) are packed side by side,
-//! as one `[in, q + 2·kv]` matrix, and multiplied as one.
+//! panels: the cut chosen for the CPU in `prefill_blocking.rs`), one block and run per task, so
+//! that no call packs its operands as `gemm` does in each. The weights of one call (a layer's
+//! queries, keys and values) are packed side by side, as one `[in, q + 2·kv]` matrix, and
+//! multiplied as one.
 //!
 //! Packing is done once per weight buffer, not per call, and kept by the module that makes the
 //! call ([`PackedWeightsCache`]): a packed matrix holds its sources' buffers (a clone of each
@@ -24,6 +25,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use memmap2::MmapMut;
 use rayon::prelude::*;
 
+use super::prefill_blocking::PrefillBlocking;
 use super::products::{HostMatrix, Layout};
 use super::simd::{self, MAX_PRODUCT_ROWS, PANEL};
 
@@ -39,6 +41,8 @@ pub(super) struct PackedWeights {
     segments: Vec<Vec<Segment>>,
     /// The packed tensors' buffers, held while packed (see the module's docs).
     sources: Vec<HostMatrix>,
+    /// How a prefill's product cuts its work on this CPU.
+    blocking: PrefillBlocking,
 }
 
 /// Identifies a weight buffer while a packed matrix holds it: its address and length, its
@@ -162,6 +166,7 @@ impl PackedWeights {
             segments: segments(&widths),
             widths,
             sources: weights.iter().map(|&weight| weight.clone()).collect(),
+            blocking: PrefillBlocking::for_this_cpu(),
         }
     }
 
@@ -236,12 +241,13 @@ impl PackedWeights {
 
     /// A prefill's products, `x · weight_i + bias_i` for every packed weight: its rows in blocks
     /// and its panels in runs, one task per block and run, which multiplies its rows (in passes
-    /// that fit the registers) by a few panels at a time, [`FEATURES_AT_ONCE`] features at a
-    /// time, so that a panel's part stays in the first-level cache for all the block's passes,
-    /// and the block's inputs in the second; the sums go to the outputs' rows once all features
-    /// are added. Where there are fewer blocks than threads, each block's panels are cut in runs,
-    /// one task per thread: each task then reads its part of the weights, where smaller blocks
-    /// would each read all of them. Otherwise the blocks that one piece of rayon's split of the
+    /// that fit the registers) by a few panels at a time, a run of features at a time where this
+    /// CPU's [`PrefillBlocking`] says so (a panel's part then stays in the first-level cache for
+    /// all the block's passes); the block's inputs stay in the second-level cache, and the sums
+    /// go to the outputs' rows once all features are added. Few rows are cut in as many blocks
+    /// as the blocking asks per thread; where there are still fewer blocks than threads, each
+    /// block's panels are cut in runs, one task per thread: each task then reads its part of the
+    /// weights, where smaller blocks would each read all of them. Otherwise the blocks that one piece of rayon's split of the
     /// tasks takes in turn are turned in one set of buffers: a call holds a few blocks' inputs
     /// by feature at once, not all of its rows'.
     ///
@@ -258,10 +264,12 @@ impl PackedWeights {
         assert!(rows > 0 && x.len() == rows * k);
         let panels = self.panels().len() / (k * PANEL);
         let threads = rayon::current_num_threads().max(1);
+        let pass = simd::rows_per_panel_pass();
         // Each block's rows in passes.
-        let blocks: Vec<Vec<Range<usize>>> = even_parts(rows, rows.div_ceil(MAX_BLOCK_ROWS))
+        let blocks = self.blocking.blocks(rows, threads, pass, MAX_BLOCK_ROWS);
+        let blocks: Vec<Vec<Range<usize>>> = even_parts(rows, blocks)
             .into_iter()
-            .map(|block| Pass::ranges(block, simd::rows_per_panel_pass()))
+            .map(|block| Pass::ranges(block, pass))
             .collect();
         let runs = even_parts(panels, threads.div_ceil(blocks.len()).min(panels));
         // Where a block is cut in runs, the inputs by feature of its passes, made by the first of
@@ -327,6 +335,7 @@ impl PackedWeights {
         tile: &mut OutputTile,
     ) {
         let k = self.k;
+        let features_at_once = self.blocking.features_at_once.min(k);
         let mut sums: Vec<Vec<f32>> = passes.iter().map(|_| Vec::new()).collect();
         for first in run.clone().step_by(PANELS_AT_ONCE) {
             let group = first..(first + PANELS_AT_ONCE).min(run.end);
@@ -334,8 +343,8 @@ impl PackedWeights {
             for (sums, pass) in sums.iter_mut().zip(passes) {
                 sums.resize(group.len() * pass.rows * PANEL, 0.0);
             }
-            for start in (0..k).step_by(FEATURES_AT_ONCE) {
-                let features = start..(start + FEATURES_AT_ONCE).min(k);
+            for start in (0..k).step_by(features_at_once) {
+                let features = start..(start + features_at_once).min(k);
                 for (panel_index, panel) in panels.chunks_exact(k * PANEL).enumerate() {
                     for (sums, pass) in sums.iter_mut().zip(passes) {
                         let size = pass.rows * PANEL;
@@ -513,10 +522,6 @@ fn zeroed_pages(floats: usize) -> MmapMut {
 /// feature, stay in the core's second-level cache.
 const MAX_BLOCK_ROWS: usize = 128;
 
-/// The features one call of the panel product adds: a panel's part, `FEATURES_AT_ONCE × PANEL`
-/// weights, stays in the core's first-level cache while a block's passes take it in turn.
-const FEATURES_AT_ONCE: usize = 256;
-
 /// The panels one task of [`PackedWeights::product_of_many_rows`] multiplies its rows by before
 /// it writes their sums out: the sums of a block's rows for them stay in the core's cache.
 const PANELS_AT_ONCE: usize = 8;
@@ -686,19 +691,20 @@ mod tests {
     /// inside a panel and inside a run of features, on 1 to 3 threads (which cut the work in
     /// other tiles: blocks that are one task's, whose inputs are turned in the buffers of the
     /// block taken before in the same piece of rayon's split, of as many passes or fewer, and
-    /// blocks cut in runs).
+    /// blocks cut in runs), with either measured [`PrefillBlocking`], whatever this CPU's.
     #[test]
     fn a_prefill_sums_as_a_decoding_step_does() {
         let device = Default::default();
         let normal = Distribution::Normal(0.0, 1.0);
-        let k = 2 * FEATURES_AT_ONCE + 89;
+        let features_at_once = PrefillBlocking::READ_WEIGHTS_ONCE.features_at_once;
+        let k = 2 * features_at_once + 89;
         let widths = [(PANELS_AT_ONCE + 2) * PANEL + 7, 45, 3 * PANEL];
         let weights: Vec<HostMatrix> = widths
             .iter()
             .map(|&n| Tensor::<Flex, 2>::random([k, n], normal, &device))
             .map(|weight| HostMatrix::of(&weight).expect("bare flex"))
             .collect();
-        let packed = PackedWeights::pack(&weights.iter().collect::<Vec<_>>());
+        let mut packed = PackedWeights::pack(&weights.iter().collect::<Vec<_>>());
         let biases: Vec<Vec<f32>> = widths
             .iter()
             .map(|&n| (0..n).map(|i| i as f32 / 7.0).collect())
@@ -713,12 +719,21 @@ mod tests {
                     all.extend(one);
                 }
             }
-            for threads in 1..=3 {
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
-                let prefill = pool
-                    .expect("a thread pool")
-                    .install(|| packed.product_of_many_rows(&x, rows, &biases));
-                assert_eq!(prefill, row_by_row, "{rows} rows, {threads} threads");
+            for blocking in [
+                PrefillBlocking::READ_WEIGHTS_ONCE,
+                PrefillBlocking::ROWS_PER_THREAD,
+            ] {
+                packed.blocking = blocking;
+                for threads in 1..=3 {
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+                    let prefill = pool
+                        .expect("a thread pool")
+                        .install(|| packed.product_of_many_rows(&x, rows, &biases));
+                    assert_eq!(
+                        prefill, row_by_row,
+                        "{rows} rows, {threads} threads, {blocking:?}"
+                    );
+                }
             }
         }
     }
