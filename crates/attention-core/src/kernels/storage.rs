@@ -15,7 +15,8 @@ use crate::error::AttentionError;
 /// # Shapes
 /// - `Tensors`: keys, values `[batch, kv_heads, allocated, head_dim]`, the layout of Burn's
 ///   attention op and the explicit path
-/// - `CpuHost`: host memory in the CPU kernel's layout, `[batch, allocated, kv_heads · head_dim]`
+/// - `CpuHost`: host memory, each head's positions side by side, `[batch, kv_heads, allocated,
+///   head_dim]`
 /// - `Device`: device tensors in the GPU kernel's layout, keys, values `[batch, allocated,
 ///   kv_heads · head_dim]`
 #[derive(Debug, Clone)]
@@ -140,7 +141,13 @@ impl<B: Backend> KvStorage<B> {
                         values: zeros(),
                     }
                 }
-                Kind::CpuHost => Self::CpuHost(HostStorage::zeros(dtype, batch, allocate, row)),
+                Kind::CpuHost => Self::CpuHost(HostStorage::zeros(
+                    dtype,
+                    batch,
+                    kv_heads,
+                    allocate,
+                    row / kv_heads,
+                )),
                 Kind::Device => {
                     let zeros = || Tensor::zeros([batch, allocate, row], (&device, dtype));
                     Self::Device {
@@ -160,7 +167,7 @@ impl<B: Backend> KvStorage<B> {
         }
         let (keys, values) = match self {
             Self::Tensors { keys, values } => (keys, values),
-            Self::CpuHost(host) => host.into_tensors(kv_heads, device),
+            Self::CpuHost(host) => host.into_tensors(device),
             Self::Device { keys, values } => {
                 let split = |tensor: Tensor<B, 3>| {
                     let [batch, allocated, row] = tensor.dims();

@@ -1,6 +1,6 @@
-//! A key/value cache's storage in host memory, in the CPU kernel's layout: a decoding step on
-//! ndarray or burn-flex then reads the cached keys and values where they lie, instead of copying
-//! the cache out of a Burn tensor (and into Burn's attention op's layout) at every step.
+//! A key/value cache's storage in host memory, in a layout the CPU kernel reads in place: a
+//! decoding step on ndarray or burn-flex then reads the cached keys and values where they lie,
+//! instead of copying the cache out of a Burn tensor at every step.
 
 use std::ops::Range;
 
@@ -9,60 +9,71 @@ use burn::tensor::{DType, TensorData};
 
 use super::kernel::KernelFloat;
 
-/// Keys and values of `batch` sequences, room for `allocated` positions each.
+/// Keys and values of `batch` sequences, room for `allocated` positions each, each key/value
+/// head's positions side by side: a decoding step's scores and weighted values over one head
+/// then stream through memory, where with each position's heads side by side every key would
+/// lie a position's width from the last.
 ///
 /// # Shapes
-/// - `keys`, `values`: `[batch, allocated, kv_heads · head_dim]`
+/// - `keys`, `values`: `[batch, kv_heads, allocated, head_dim]`
 #[derive(Debug, Clone)]
 pub(crate) struct HostKv<E> {
     pub keys: Vec<E>,
     pub values: Vec<E>,
     pub batch: usize,
+    pub kv_heads: usize,
     pub allocated: usize,
-    /// `kv_heads · head_dim`, the elements of one position.
-    pub row: usize,
+    pub head_dim: usize,
 }
 
 impl<E: KernelFloat> HostKv<E> {
-    fn zeros(batch: usize, allocated: usize, row: usize) -> Self {
-        let len = batch * allocated * row;
+    fn zeros(batch: usize, kv_heads: usize, allocated: usize, head_dim: usize) -> Self {
+        let len = batch * kv_heads * allocated * head_dim;
         Self {
             keys: vec![E::zero(); len],
             values: vec![E::zero(); len],
             batch,
+            kv_heads,
             allocated,
-            row,
+            head_dim,
         }
     }
 
     /// New storage of `allocated` positions per sequence with slots `carried` of this one at
     /// its front.
     fn moved(&self, allocated: usize, carried: Range<usize>) -> Self {
-        let mut moved = Self::zeros(self.batch, allocated, self.row);
+        let mut moved = Self::zeros(self.batch, self.kv_heads, allocated, self.head_dim);
+        let head_dim = self.head_dim;
         for (to, from) in [
             (&mut moved.keys, &self.keys),
             (&mut moved.values, &self.values),
         ] {
             for (to, from) in to
-                .chunks_mut(allocated * self.row)
-                .zip(from.chunks(self.allocated * self.row))
+                .chunks_mut(allocated * head_dim)
+                .zip(from.chunks(self.allocated * head_dim))
             {
-                to[..carried.len() * self.row]
-                    .copy_from_slice(&from[carried.start * self.row..carried.end * self.row]);
+                to[..carried.len() * head_dim]
+                    .copy_from_slice(&from[carried.start * head_dim..carried.end * head_dim]);
             }
         }
         moved
     }
 
-    /// Writes `[batch, new, row]` keys and values at slots `at .. at + new`.
+    /// Writes `[batch, new, kv_heads · head_dim]` keys and values at slots `at .. at + new`.
     fn write(&mut self, at: usize, keys: &[E], values: &[E]) {
-        let new = keys.len() / (self.batch * self.row);
+        let (kv_heads, head_dim) = (self.kv_heads, self.head_dim);
+        let new = keys.len() / (self.batch * kv_heads * head_dim);
         for (to, from) in [(&mut self.keys, keys), (&mut self.values, values)] {
             for (to, from) in to
-                .chunks_mut(self.allocated * self.row)
-                .zip(from.chunks(new * self.row))
+                .chunks_mut(kv_heads * self.allocated * head_dim)
+                .zip(from.chunks(new * kv_heads * head_dim))
             {
-                to[at * self.row..(at + new) * self.row].copy_from_slice(from);
+                for (position, from) in from.chunks_exact(kv_heads * head_dim).enumerate() {
+                    for (head, from) in from.chunks_exact(head_dim).enumerate() {
+                        let slot = head * self.allocated + at + position;
+                        to[slot * head_dim..(slot + 1) * head_dim].copy_from_slice(from);
+                    }
+                }
             }
         }
     }
@@ -71,18 +82,12 @@ impl<E: KernelFloat> HostKv<E> {
     ///
     /// # Shapes
     /// - output: two `[batch, kv_heads, allocated, head_dim]`
-    fn into_tensors<B: Backend>(
-        self,
-        kv_heads: usize,
-        device: &B::Device,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>)
+    fn into_tensors<B: Backend>(self, device: &B::Device) -> (Tensor<B, 4>, Tensor<B, 4>)
     where
         E: burn::tensor::Element,
     {
-        let shape = [self.batch, self.allocated, kv_heads, self.row / kv_heads];
-        let tensor = |data: Vec<E>| {
-            Tensor::<B, 4>::from_data(TensorData::new(data, shape), device).swap_dims(1, 2)
-        };
+        let shape = [self.batch, self.kv_heads, self.allocated, self.head_dim];
+        let tensor = |data: Vec<E>| Tensor::<B, 4>::from_data(TensorData::new(data, shape), device);
         (tensor(self.keys), tensor(self.values))
     }
 }
@@ -108,12 +113,18 @@ macro_rules! with_host_kv {
 pub(crate) use with_host_kv;
 
 impl HostStorage {
-    /// Empty storage for `allocated` positions of `batch` sequences of `row` elements each, in
-    /// the precision the kernel uses for `dtype`.
-    pub fn zeros(dtype: DType, batch: usize, allocated: usize, row: usize) -> Self {
+    /// Empty storage for `allocated` positions of `batch` sequences of `kv_heads` heads of
+    /// `head_dim` elements each, in the precision the kernel uses for `dtype`.
+    pub fn zeros(
+        dtype: DType,
+        batch: usize,
+        kv_heads: usize,
+        allocated: usize,
+        head_dim: usize,
+    ) -> Self {
         match dtype {
-            DType::F64 => Self::F64(HostKv::zeros(batch, allocated, row)),
-            _ => Self::F32(HostKv::zeros(batch, allocated, row)),
+            DType::F64 => Self::F64(HostKv::zeros(batch, kv_heads, allocated, head_dim)),
+            _ => Self::F32(HostKv::zeros(batch, kv_heads, allocated, head_dim)),
         }
     }
 
@@ -129,7 +140,6 @@ impl HostStorage {
             let [batch, kv_heads, allocated, head_dim] = keys.dims();
             let floats = |tensor: Tensor<B, 4>| {
                 tensor
-                    .swap_dims(1, 2)
                     .into_data()
                     .convert::<E>()
                     .into_vec::<E>()
@@ -139,8 +149,9 @@ impl HostStorage {
                 keys: floats(keys),
                 values: floats(values),
                 batch,
+                kv_heads,
                 allocated,
-                row: kv_heads * head_dim,
+                head_dim,
             }
         }
         match keys.dtype() {
@@ -150,12 +161,8 @@ impl HostStorage {
     }
 
     /// The same keys and values as Burn tensors, in the tensor cache's layout.
-    pub fn into_tensors<B: Backend>(
-        self,
-        kv_heads: usize,
-        device: &B::Device,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        with_host_kv!(self, kv => kv.into_tensors::<B>(kv_heads, device))
+    pub fn into_tensors<B: Backend>(self, device: &B::Device) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        with_host_kv!(self, kv => kv.into_tensors::<B>(device))
     }
 
     pub fn batch(&self) -> usize {

@@ -263,7 +263,7 @@ pub(crate) fn cached<B: Backend, Bare>(inputs: CachedInputs<'_, B>) -> Tensor<B,
 ///
 /// # Shapes
 /// - `query`: `[batch, queries, heads · head_dim]`
-/// - `cache`: `[batch, allocated, kv_heads · head_dim]`, slots `seen` seen by this step's
+/// - `cache`: `[batch, kv_heads, allocated, head_dim]`, slots `seen` seen by this step's
 ///   queries (the last of them the queries' own)
 /// - `key_padding`: `[batch, seen.len()]`, `true` = padding
 struct CachedStep<'a, B: Backend> {
@@ -303,10 +303,11 @@ fn cached_step<B: Backend>(inputs: CachedStep<'_, B>) -> Tensor<B, 3> {
                 .expect("converted to the cache's precision")
         });
         let head_dim = width / inputs.heads;
+        assert_eq!(head_dim, kv.head_dim, "the queries' and the cache's head size");
         let dims = Dims {
             batch,
             heads: inputs.heads,
-            kv_heads: kv.row / head_dim,
+            kv_heads: kv.kv_heads,
             queries,
             keys: inputs.seen.len(),
             head_dim,
@@ -320,6 +321,7 @@ fn cached_step<B: Backend>(inputs: CachedStep<'_, B>) -> Tensor<B, 3> {
             key_rows: kernel::KeyRows {
                 first: inputs.seen.start,
                 per_sequence: kv.allocated,
+                head_major: true,
             },
             key_padding: key_padding.as_deref(),
             scoring: scoring(scale_for(scale, head_dim), softcap, sinks_floats.as_deref()),

@@ -235,7 +235,8 @@ pub struct Gradients<E> {
 }
 
 /// Where each sequence's keys (and values) lie in the key and value buffers: rows
-/// `first .. first + keys` of the sequence's `per_sequence` rows. A cache's storage holds more
+/// `first .. first + keys` of the sequence's `per_sequence` rows, each row's heads side by side
+/// (a call's own keys) or each head's rows (a cache's storage). A cache's storage holds more
 /// positions than one call reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyRows {
@@ -243,14 +244,19 @@ pub struct KeyRows {
     pub first: usize,
     /// Rows per sequence in the buffers.
     pub per_sequence: usize,
+    /// The buffers' order: `[batch, per_sequence, kv_heads, head_dim]` when `false`,
+    /// `[batch, kv_heads, per_sequence, head_dim]` when `true` (one head's keys then lie side by
+    /// side, and a decoding step's products over them stream through memory).
+    pub head_major: bool,
 }
 
 impl KeyRows {
-    /// Exactly `keys` rows per sequence, all read.
+    /// Exactly `keys` rows per sequence, all read, each row's heads side by side.
     pub fn packed(dims: &Dims) -> Self {
         Self {
             first: 0,
             per_sequence: dims.keys,
+            head_major: false,
         }
     }
 }
@@ -259,8 +265,9 @@ impl KeyRows {
 ///
 /// # Shapes
 /// - `query`: `[batch, queries, heads, head_dim]`
-/// - `key`, `value`: `[batch, key_rows.per_sequence, kv_heads, head_dim]`, of which rows
-///   `key_rows.first ..` are the call's `keys`
+/// - `key`, `value`: `[batch, key_rows.per_sequence, kv_heads, head_dim]` (or
+///   `[batch, kv_heads, key_rows.per_sequence, head_dim]`, see [`KeyRows::head_major`]), of
+///   which rows `key_rows.first ..` are the call's `keys`
 /// - `key_padding`: `[batch, keys]`, `true` = padding (never attended to)
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a, E> {
@@ -349,10 +356,19 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
     /// (the key or the value buffer).
     fn key_view<'d>(&self, data: &'d [E], batch: usize, kv_head: usize) -> ArrayView2<'d, E> {
         let (dims, rows) = (self.dims, self.key_rows);
-        let start =
-            ((batch * rows.per_sequence + rows.first) * dims.kv_heads + kv_head) * dims.head_dim;
-        let shape = (dims.keys, dims.head_dim).strides((dims.kv_width(), 1));
-        ArrayView2::from_shape(shape, &data[start..]).expect("the buffer holds the tensor")
+        let (start, row_stride) = match rows.head_major {
+            true => {
+                let head = batch * dims.kv_heads + kv_head;
+                (head * rows.per_sequence + rows.first, 1)
+            }
+            false => {
+                let row = batch * rows.per_sequence + rows.first;
+                (row * dims.kv_heads + kv_head, dims.kv_heads)
+            }
+        };
+        let shape = (dims.keys, dims.head_dim).strides((row_stride * dims.head_dim, 1));
+        ArrayView2::from_shape(shape, &data[start * dims.head_dim..])
+            .expect("the buffer holds the tensor")
     }
 
     /// `scale · q kᵀ` (soft-capped, with a soft-cap) for a block of stacked query rows and key

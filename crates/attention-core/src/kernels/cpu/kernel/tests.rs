@@ -493,8 +493,8 @@ fn tasks_per_head_give_what_tasks_per_block_give() {
     }
 }
 
-/// Keys read from the middle of longer rows (a cache's storage) give what the same keys
-/// packed give.
+/// Keys read from the middle of longer rows (a cache's storage), in either order of rows and
+/// heads, give what the same keys packed give.
 #[test]
 fn keys_inside_longer_rows_are_read_where_they_lie() {
     let dims = Dims {
@@ -506,38 +506,53 @@ fn keys_inside_longer_rows_are_read_where_they_lie() {
         head_dim: 8,
         window: None,
     };
-    let rows = KeyRows {
-        first: 5,
-        per_sequence: 170,
-    };
     let query: Vec<f64> = values(dims.query_len(), 1);
-    let stored: Vec<Vec<f64>> = [2, 3]
-        .iter()
-        .map(|&seed| values(dims.batch * rows.per_sequence * dims.kv_width(), seed))
-        .collect();
-    let packed: Vec<Vec<f64>> = stored
-        .iter()
-        .map(|buffer| {
-            buffer
-                .chunks(rows.per_sequence * dims.kv_width())
-                .flat_map(|sequence| {
-                    &sequence
-                        [rows.first * dims.kv_width()..(rows.first + dims.keys) * dims.kv_width()]
-                })
-                .copied()
-                .collect()
-        })
-        .collect();
-    let from_rows = forward(Inputs {
-        dims,
-        query: &query,
-        key: &stored[0],
-        value: &stored[1],
-        key_rows: rows,
-        key_padding: None,
-        scoring: Scoring::plain(dims.head_dim),
-    });
-    let from_packed = forward(Inputs::packed(dims, [&query, &packed[0], &packed[1]], None));
-    assert_eq!(from_rows.output, from_packed.output);
-    assert_eq!(from_rows.log_sum_exp, from_packed.log_sum_exp);
+    for head_major in [false, true] {
+        let rows = KeyRows {
+            first: 5,
+            per_sequence: 170,
+            head_major,
+        };
+        let stored: Vec<Vec<f64>> = [2, 3]
+            .iter()
+            .map(|&seed| values(dims.batch * rows.per_sequence * dims.kv_width(), seed))
+            .collect();
+        // Element (b, j, h, c) of the call's keys, where the storage holds it.
+        let stored_at = |b: usize, j: usize, h: usize, c: usize| {
+            let row = rows.first + j;
+            let place = match head_major {
+                true => (b * dims.kv_heads + h) * rows.per_sequence + row,
+                false => (b * rows.per_sequence + row) * dims.kv_heads + h,
+            };
+            place * dims.head_dim + c
+        };
+        let packed: Vec<Vec<f64>> = stored
+            .iter()
+            .map(|buffer| {
+                let mut packed = Vec::new();
+                for b in 0..dims.batch {
+                    for j in 0..dims.keys {
+                        for h in 0..dims.kv_heads {
+                            for c in 0..dims.head_dim {
+                                packed.push(buffer[stored_at(b, j, h, c)]);
+                            }
+                        }
+                    }
+                }
+                packed
+            })
+            .collect();
+        let from_rows = forward(Inputs {
+            dims,
+            query: &query,
+            key: &stored[0],
+            value: &stored[1],
+            key_rows: rows,
+            key_padding: None,
+            scoring: Scoring::plain(dims.head_dim),
+        });
+        let from_packed = forward(Inputs::packed(dims, [&query, &packed[0], &packed[1]], None));
+        assert_eq!(from_rows.output, from_packed.output, "{rows:?}");
+        assert_eq!(from_rows.log_sum_exp, from_packed.log_sum_exp, "{rows:?}");
+    }
 }
