@@ -3,10 +3,10 @@
 //! The register blocking follows the instruction set (`simd.rs`); how the rows and the features
 //! are cut around it follows the caches and the memory, which differ between machines with the
 //! same instruction set. The two kinds of core these products were measured on want different
-//! cuts (BENCHMARKS.md, "The CPU targets"): an Intel Xeon, whose cores read memory at about
-//! half an AMD EPYC's rate, gains from reading each weight once per call; the EPYC, whose third-
-//! level cache holds a call's weights, gains from keeping a pass's sums in registers over the
-//! whole of `k` and from giving every thread its own rows.
+//! cuts (BENCHMARKS.md, "The CPU targets"): an Intel Xeon, whose cores read memory more slowly
+//! than an AMD EPYC's, gains from reading each weight once per call; the EPYC, whose third-level
+//! cache holds a call's weights, gains from keeping a pass's sums in registers over the whole of
+//! `k` and from giving every thread its own rows.
 
 /// The cut of a prefill's product (see [`PrefillBlocking::for_this_cpu`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
