@@ -22,12 +22,14 @@ use crate::kernels::{KvStorage, NewKv};
 ///
 /// Where a backend has a kernel of this crate's own (without `Autodiff`), the fused and default
 /// paths keep the keys and values in that kernel's storage, which it reads in place (on ndarray
-/// and burn-flex: host memory in the CPU kernel's layout); elsewhere, and on the explicit path, in
-/// Burn tensors. A cache moves between the two when a call's path needs the other.
+/// and burn-flex: host memory, each head's positions side by side; on the GPU backends: tensors
+/// in the GPU kernel's layout); elsewhere, and on the explicit path, in Burn tensors. A cache
+/// moves between the two when a call's path needs the other.
 ///
 /// # Shapes
-/// - keys, values: `[batch, kv_heads, allocated, head_dim]` (tensors) or `[batch, allocated,
-///   kv_heads · head_dim]` (host memory), slots `0..len − start` holding positions `start..len`
+/// - keys, values: `[batch, kv_heads, allocated, head_dim]` (tensors and host memory) or
+///   `[batch, allocated, kv_heads · head_dim]` (the GPU kernel's), slots `0..len − start`
+///   holding positions `start..len`
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {
     heads: usize,
