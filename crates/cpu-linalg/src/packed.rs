@@ -247,9 +247,9 @@ impl PackedWeights {
     /// go to the outputs' rows once all features are added. Few rows are cut in as many blocks
     /// as the blocking asks per thread; where there are still fewer blocks than threads, each
     /// block's panels are cut in runs, one task per thread: each task then reads its part of the
-    /// weights, where smaller blocks would each read all of them. Otherwise the blocks that one piece of rayon's split of the
-    /// tasks takes in turn are turned in one set of buffers: a call holds a few blocks' inputs
-    /// by feature at once, not all of its rows'.
+    /// weights, where smaller blocks would each read all of them. Otherwise the blocks that one
+    /// piece of rayon's split of the tasks takes in turn are turned in one set of buffers: a call
+    /// holds a few blocks' inputs by feature at once, not all of its rows'.
     ///
     /// # Shapes
     /// - `x`: `[rows, k]` row-major; `biases[i]`: `[n_i]`
