@@ -7,7 +7,7 @@
 
 use attention_backends::NdArray64;
 use attention_backends::compare::deviation;
-use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
+use attention_core::weights::{AttentionParams, LayerWeights, StateDict, WeightsLayout};
 use attention_core::{Kernel, MultiHeadAttentionConfig, QkNormConfig, QkNormScope, RopeConfig};
 use burn::backend::Autodiff;
 use burn::prelude::*;

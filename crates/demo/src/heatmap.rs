@@ -1,7 +1,7 @@
 //! `heatmap`: attention weights as a PNG, one panel per head, token labels on both axes and a
 //! colour scale; masked (future) cells are drawn grey so the causal triangle shows.
 
-use attention_core::weights::StateDict;
+use attention_core::weights::{LayerWeights, StateDict};
 use burn::prelude::*;
 use tensor_files::OutputFile;
 

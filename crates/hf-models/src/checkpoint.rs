@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use attention_core::weights::{StateDict, WeightsError, contiguous};
+use attention_core::weights::{LayerWeights, StateDict, StateDictError, WeightsError, contiguous};
 use attention_core::{MultiHeadAttention, MultiHeadAttentionConfig, RmsNorm, RmsNormConfig};
 use burn::module::Param;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
@@ -58,6 +58,12 @@ pub enum LoadError {
         /// The first few unexpected names.
         keys: Vec<String>,
     },
+}
+
+impl From<StateDictError> for LoadError {
+    fn from(error: StateDictError) -> Self {
+        Self::Weights(error.into())
+    }
 }
 
 /// Reads `dir/config.json`.
@@ -162,7 +168,7 @@ fn exists(path: &Path) -> bool {
 /// How a checkpoint stores an attention layer's query, key and value projections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum QkvTensors {
-    /// As [`StateDict::to_layer`] reads them: `q_proj`, `k_proj`, `v_proj` (the Llama family),
+    /// As [`LayerWeights::to_layer`] reads them: `q_proj`, `k_proj`, `v_proj` (the Llama family),
     /// or GPT-2's `c_attn`.
     ByLayout,
     /// Phi-3's `qkv_proj.weight`, the three `nn.Linear` weights' rows one after the other
@@ -214,7 +220,7 @@ impl Checkpoint {
     }
 
     /// The attention layer whose tensors are named `prefix` + the names of its layout
-    /// ([`StateDict::to_layer`], which reads the query and key norms `q_norm`, `k_norm` when
+    /// ([`LayerWeights::to_layer`], which reads the query and key norms `q_norm`, `k_norm` when
     /// `config` has them), or of Phi-3's fused `qkv_proj` ([`QkvTensors`]); any other tensor
     /// under `prefix` is unexpected.
     pub(crate) fn attention<B: Backend>(
@@ -263,14 +269,14 @@ impl Checkpoint {
                 let rows = kv_width.saturating_mul(2).saturating_add(query_width);
                 let fused = sub
                     .tensor_shaped::<B, 2>("qkv_proj.weight", [rows, config.input_dim], device)
-                    .map_err(named)?;
+                    .map_err(|error| named(error.into()))?;
                 let output = sub
                     .tensor_shaped::<B, 2>(
                         "o_proj.weight",
                         [config.output_dim, query_width],
                         device,
                     )
-                    .map_err(named)?;
+                    .map_err(|error| named(error.into()))?;
                 let mut layer = config
                     .try_init::<B>(device)
                     .map_err(|error| named(error.into()))?;

@@ -4,7 +4,9 @@ use burn::module::Param;
 use burn::nn::Linear;
 use burn::prelude::*;
 
-use super::{StateDict, WeightsError};
+use state_dict::{StateDict, StateDictError};
+
+use super::WeightsError;
 use crate::error::AttentionError;
 use crate::mha::{MultiHeadAttention, MultiHeadAttentionConfig};
 use crate::qk_norm::{QkNorm, QkNormConfig, QkNormScope};
@@ -47,21 +49,12 @@ impl WeightsLayout {
     }
 }
 
-impl StateDict {
+/// What a [`StateDict`] says about one attention layer: its layout, the config its weights fit,
+/// and the layer itself. A trait because the state dict is `state-dict`'s type; bring it into
+/// scope with `use attention_core::weights::LayerWeights`.
+pub trait LayerWeights {
     /// Which module the keys come from.
-    pub fn layout(&self) -> Result<WeightsLayout, WeightsError> {
-        if self.contains("query_layer.weight") {
-            Ok(WeightsLayout::Chapter)
-        } else if self.contains("q_proj.weight") {
-            Ok(WeightsLayout::Llama)
-        } else if self.contains("c_attn.weight") {
-            Ok(WeightsLayout::Gpt2)
-        } else {
-            Err(WeightsError::UnknownLayout {
-                keys: self.keys().map(str::to_string).collect(),
-            })
-        }
-    }
+    fn layout(&self) -> Result<WeightsLayout, WeightsError>;
 
     /// The config these weights fit, given what a state dict does not record: the number of
     /// (query) heads and the context length. Sizes, the head width, the key/value heads and the
@@ -79,18 +72,51 @@ impl StateDict {
     ///
     /// The projections' shapes are checked against each other first, so that a file whose
     /// weights are transposed or mixed up is reported by key and shape.
-    pub fn infer_config(
+    fn infer_config(
+        &self,
+        num_heads: usize,
+        context_length: usize,
+    ) -> Result<MultiHeadAttentionConfig, WeightsError>;
+
+    /// A layer for `config` with these weights, in whichever layout they are. Every key the
+    /// layer needs must be present with the shape `config` implies.
+    fn to_layer<B: Backend>(
+        &self,
+        config: &MultiHeadAttentionConfig,
+        device: &B::Device,
+    ) -> Result<MultiHeadAttention<B>, WeightsError>;
+
+    /// The context length of the chapter's `mask` buffer `[C, C]`, if the file has one.
+    fn mask_context_length(&self) -> Result<Option<usize>, WeightsError>;
+}
+
+impl LayerWeights for StateDict {
+    fn layout(&self) -> Result<WeightsLayout, WeightsError> {
+        if self.contains("query_layer.weight") {
+            Ok(WeightsLayout::Chapter)
+        } else if self.contains("q_proj.weight") {
+            Ok(WeightsLayout::Llama)
+        } else if self.contains("c_attn.weight") {
+            Ok(WeightsLayout::Gpt2)
+        } else {
+            Err(WeightsError::UnknownLayout {
+                keys: self.keys().map(str::to_string).collect(),
+            })
+        }
+    }
+
+    fn infer_config(
         &self,
         num_heads: usize,
         context_length: usize,
     ) -> Result<MultiHeadAttentionConfig, WeightsError> {
         let matrix = |key: &str| {
-            let shape = self.shape(key).ok_or_else(|| WeightsError::MissingKey {
+            let shape = self.shape(key).ok_or_else(|| StateDictError::MissingKey {
                 key: key.to_string(),
             })?;
             match *shape {
                 [rows, cols] => Ok((rows, cols)),
-                _ => Err(WeightsError::Rank {
+                _ => Err(StateDictError::Rank {
                     key: key.to_string(),
                     expected: 2,
                     found: shape.to_vec(),
@@ -100,7 +126,7 @@ impl StateDict {
         let expect = |key: &str, expected: [usize; 2], hint: &str| {
             let found = matrix(key)?;
             if found != (expected[0], expected[1]) {
-                return Err(WeightsError::Shape {
+                return Err(StateDictError::Shape {
                     key: key.to_string(),
                     expected: expected.to_vec(),
                     found: vec![found.0, found.1],
@@ -132,7 +158,7 @@ impl StateDict {
                 }
                 let head_dim = query_width / num_heads.max(1);
                 if head_dim == 0 || !kv_width.is_multiple_of(head_dim) || kv_width == 0 {
-                    return Err(WeightsError::Shape {
+                    return Err(StateDictError::Shape {
                         key: weight(key),
                         expected: vec![head_dim, input_dim],
                         found: vec![kv_width, input_dim],
@@ -140,7 +166,8 @@ impl StateDict {
                             " (its rows are key/value heads of head_dim = {head_dim}: \
                              {query_width} query features / {num_heads} heads)"
                         ),
-                    });
+                    }
+                    .into());
                 }
                 let kv_heads = kv_width / head_dim;
                 let mut config =
@@ -153,7 +180,7 @@ impl StateDict {
                 if query_width != output_dim {
                     config.head_dim = Some(head_dim);
                 }
-                config.qk_norm = self.infer_qk_norm(norms, head_dim, [query_width, kv_width])?;
+                config.qk_norm = infer_qk_norm(self, norms, head_dim, [query_width, kv_width])?;
                 config.sinks = self.contains(SINKS);
                 config
             }
@@ -173,183 +200,202 @@ impl StateDict {
         Ok(config)
     }
 
-    /// A layer for `config` with these weights, in whichever layout they are. Every key the
-    /// layer needs must be present with the shape `config` implies.
-    pub fn to_layer<B: Backend>(
+    fn to_layer<B: Backend>(
         &self,
         config: &MultiHeadAttentionConfig,
         device: &B::Device,
     ) -> Result<MultiHeadAttention<B>, WeightsError> {
         let layout = self.layout()?;
         let params = match layout.linear_names() {
-            Some((names, norms)) => self.linear_params(names, norms, config, device)?,
-            None => self.gpt2_params(config, device)?,
+            Some((names, norms)) => linear_params(self, names, norms, config, device)?,
+            None => gpt2_params(self, config, device)?,
         };
         params.into_layer(config)
     }
 
-    /// The q/k norms of weights whose norm keys are `{query}.weight` and `{key}.weight`, if they
-    /// have them: their scope from the query norm's length, checked against the key norm's.
-    fn infer_qk_norm(
-        &self,
-        [query, key]: [&str; 2],
-        head_dim: usize,
-        [query_width, kv_width]: [usize; 2],
-    ) -> Result<Option<QkNormConfig>, WeightsError> {
-        let [query, key] = [query, key].map(|name| format!("{name}.weight"));
-        let (query_shape, key_shape) = match (self.shape(&query), self.shape(&key)) {
-            (None, None) => return Ok(None),
-            (Some(_), None) => return Err(WeightsError::MissingKey { key }),
-            (None, Some(_)) => return Err(WeightsError::MissingKey { key: query }),
-            (Some(query_shape), Some(key_shape)) => (query_shape, key_shape),
-        };
-        let scope = match *query_shape {
-            [width] if width == head_dim => QkNormScope::Head,
-            [width] if width == query_width => QkNormScope::Width,
-            _ => {
-                return Err(WeightsError::Shape {
-                    key: query,
-                    expected: vec![head_dim],
-                    found: query_shape.to_vec(),
-                    hint: format!(
-                        " (a norm per head has head_dim = {head_dim} weights, one over the \
-                         projected width num_heads · head_dim = {query_width})"
-                    ),
-                });
+    /// The context length of the chapter's `mask` buffer `[C, C]`, if the file has one.
+    fn mask_context_length(&self) -> Result<Option<usize>, WeightsError> {
+        match self.shape("mask") {
+            None => Ok(None),
+            Some(&[rows, cols]) if rows == cols && rows > 0 => Ok(Some(rows)),
+            Some(found) => Err(StateDictError::Shape {
+                key: "mask".into(),
+                expected: vec![found.first().copied().unwrap_or(1).max(1); 2],
+                found: found.to_vec(),
+                hint: " (the chapter's causal mask buffer is square: [context_length, context_length])"
+                    .into(),
             }
-        };
-        let key_width = match scope {
-            QkNormScope::Head => head_dim,
-            QkNormScope::Width => kv_width,
-        };
-        if key_shape != [key_width] {
-            return Err(WeightsError::Shape {
-                key,
-                expected: vec![key_width],
-                found: key_shape.to_vec(),
-                hint: format!(
-                    " (the query norm's {} weights make it a {scope:?} norm)",
-                    query_shape[0]
-                ),
-            });
+            .into()),
         }
-        Ok(Some(QkNormConfig::new(scope)))
     }
+}
 
-    /// The projections (and q/k norms) of a layout of separate `nn.Linear` layers named `names`,
-    /// with norms named `norms`.
-    fn linear_params<B: Backend>(
-        &self,
-        [query, key, value, output]: [&str; 4],
-        [query_norm, key_norm]: [&str; 2],
-        config: &MultiHeadAttentionConfig,
-        device: &B::Device,
-    ) -> Result<AttentionParams<B>, WeightsError> {
-        let input = config.input_dim;
-        let query_width = config.num_heads * config.head_dim();
-        let kv_width = config.num_kv_heads() * config.head_dim();
-        let linear = |name: &str, [rows, cols]: [usize; 2], has_bias: bool, flag: &str| {
-            // nn.Linear stores [out, in]; Burn's Linear wants [in, out].
-            let weight = self
-                .tensor_shaped::<B, 2>(&format!("{name}.weight"), [rows, cols], device)?
-                .transpose();
-            let bias_key = format!("{name}.bias");
-            let bias = match (has_bias, self.contains(&bias_key)) {
-                (true, _) => Some(self.tensor_shaped::<B, 1>(&bias_key, [rows], device)?),
-                (false, false) => None,
-                (false, true) => {
-                    return Err(WeightsError::UnexpectedKey {
-                        key: bias_key,
-                        reason: format!("the config has {flag} = false"),
-                    });
-                }
-            };
-            Ok(LinearParams { weight, bias })
-        };
-        // A norm's weight: required with `qk_norm`, refused without it.
-        let norm = |name: &str, width: usize| -> Result<Option<Tensor<B, 1>>, WeightsError> {
-            let key = format!("{name}.weight");
-            match &config.qk_norm {
-                Some(_) => Ok(Some(self.tensor_shaped::<B, 1>(&key, [width], device)?)),
-                None if self.contains(&key) => Err(WeightsError::UnexpectedKey {
-                    key,
-                    reason: "the config has no qk_norm".into(),
-                }),
-                None => Ok(None),
+/// The q/k norms of weights whose norm keys are `{query}.weight` and `{key}.weight`, if they
+/// have them: their scope from the query norm's length, checked against the key norm's.
+fn infer_qk_norm(
+    dict: &StateDict,
+    [query, key]: [&str; 2],
+    head_dim: usize,
+    [query_width, kv_width]: [usize; 2],
+) -> Result<Option<QkNormConfig>, WeightsError> {
+    let [query, key] = [query, key].map(|name| format!("{name}.weight"));
+    let (query_shape, key_shape) = match (dict.shape(&query), dict.shape(&key)) {
+        (None, None) => return Ok(None),
+        (Some(_), None) => return Err(StateDictError::MissingKey { key }.into()),
+        (None, Some(_)) => return Err(StateDictError::MissingKey { key: query }.into()),
+        (Some(query_shape), Some(key_shape)) => (query_shape, key_shape),
+    };
+    let scope = match *query_shape {
+        [width] if width == head_dim => QkNormScope::Head,
+        [width] if width == query_width => QkNormScope::Width,
+        _ => {
+            return Err(StateDictError::Shape {
+                key: query,
+                expected: vec![head_dim],
+                found: query_shape.to_vec(),
+                hint: format!(
+                    " (a norm per head has head_dim = {head_dim} weights, one over the \
+                         projected width num_heads · head_dim = {query_width})"
+                ),
             }
-        };
-        let sinks = match (config.sinks, self.contains(SINKS)) {
-            (true, _) => Some(self.tensor_shaped::<B, 1>(SINKS, [config.num_heads], device)?),
+            .into());
+        }
+    };
+    let key_width = match scope {
+        QkNormScope::Head => head_dim,
+        QkNormScope::Width => kv_width,
+    };
+    if key_shape != [key_width] {
+        return Err(StateDictError::Shape {
+            key,
+            expected: vec![key_width],
+            found: key_shape.to_vec(),
+            hint: format!(
+                " (the query norm's {} weights make it a {scope:?} norm)",
+                query_shape[0]
+            ),
+        }
+        .into());
+    }
+    Ok(Some(QkNormConfig::new(scope)))
+}
+
+/// The projections (and q/k norms) of a layout of separate `nn.Linear` layers named `names`,
+/// with norms named `norms`.
+fn linear_params<B: Backend>(
+    dict: &StateDict,
+    [query, key, value, output]: [&str; 4],
+    [query_norm, key_norm]: [&str; 2],
+    config: &MultiHeadAttentionConfig,
+    device: &B::Device,
+) -> Result<AttentionParams<B>, WeightsError> {
+    let input = config.input_dim;
+    let query_width = config.num_heads * config.head_dim();
+    let kv_width = config.num_kv_heads() * config.head_dim();
+    let linear = |name: &str, [rows, cols]: [usize; 2], has_bias: bool, flag: &str| {
+        // nn.Linear stores [out, in]; Burn's Linear wants [in, out].
+        let weight = dict
+            .tensor_shaped::<B, 2>(&format!("{name}.weight"), [rows, cols], device)?
+            .transpose();
+        let bias_key = format!("{name}.bias");
+        let bias = match (has_bias, dict.contains(&bias_key)) {
+            (true, _) => Some(dict.tensor_shaped::<B, 1>(&bias_key, [rows], device)?),
             (false, false) => None,
             (false, true) => {
-                return Err(WeightsError::UnexpectedKey {
-                    key: SINKS.into(),
-                    reason: "the config has sinks = false".into(),
+                return Err(StateDictError::UnexpectedKey {
+                    key: bias_key,
+                    reason: format!("the config has {flag} = false"),
                 });
             }
         };
-        let (query_norm_width, key_norm_width) = match config.qk_norm.as_ref().map(|n| n.scope) {
-            Some(QkNormScope::Width) => (query_width, kv_width),
-            _ => (config.head_dim(), config.head_dim()),
-        };
-        Ok(AttentionParams {
-            query: linear(query, [query_width, input], config.qkv_bias, "qkv_bias")?,
-            key: linear(key, [kv_width, input], config.qkv_bias, "qkv_bias")?,
-            value: linear(value, [kv_width, input], config.qkv_bias, "qkv_bias")?,
-            output: linear(
-                output,
-                [config.output_dim, query_width],
-                config.output_bias,
-                "output_bias",
-            )?,
-            query_norm: norm(query_norm, query_norm_width)?,
-            key_norm: norm(key_norm, key_norm_width)?,
-            sinks,
-        })
-    }
+        Ok(LinearParams { weight, bias })
+    };
+    // A norm's weight: required with `qk_norm`, refused without it.
+    let norm = |name: &str, width: usize| -> Result<Option<Tensor<B, 1>>, WeightsError> {
+        let key = format!("{name}.weight");
+        match &config.qk_norm {
+            Some(_) => Ok(Some(dict.tensor_shaped::<B, 1>(&key, [width], device)?)),
+            None if dict.contains(&key) => Err(StateDictError::UnexpectedKey {
+                key,
+                reason: "the config has no qk_norm".into(),
+            }
+            .into()),
+            None => Ok(None),
+        }
+    };
+    let sinks = match (config.sinks, dict.contains(SINKS)) {
+        (true, _) => Some(dict.tensor_shaped::<B, 1>(SINKS, [config.num_heads], device)?),
+        (false, false) => None,
+        (false, true) => {
+            return Err(StateDictError::UnexpectedKey {
+                key: SINKS.into(),
+                reason: "the config has sinks = false".into(),
+            }
+            .into());
+        }
+    };
+    let (query_norm_width, key_norm_width) = match config.qk_norm.as_ref().map(|n| n.scope) {
+        Some(QkNormScope::Width) => (query_width, kv_width),
+        _ => (config.head_dim(), config.head_dim()),
+    };
+    Ok(AttentionParams {
+        query: linear(query, [query_width, input], config.qkv_bias, "qkv_bias")?,
+        key: linear(key, [kv_width, input], config.qkv_bias, "qkv_bias")?,
+        value: linear(value, [kv_width, input], config.qkv_bias, "qkv_bias")?,
+        output: linear(
+            output,
+            [config.output_dim, query_width],
+            config.output_bias,
+            "output_bias",
+        )?,
+        query_norm: norm(query_norm, query_norm_width)?,
+        key_norm: norm(key_norm, key_norm_width)?,
+        sinks,
+    })
+}
 
-    fn gpt2_params<B: Backend>(
-        &self,
-        config: &MultiHeadAttentionConfig,
-        device: &B::Device,
-    ) -> Result<AttentionParams<B>, WeightsError> {
-        let width = config.output_dim;
-        let plain = config.num_kv_heads() == config.num_heads
-            && config.head_dim() * config.num_heads == width
-            && config.output_bias
-            && config.qk_norm.is_none()
-            && !config.sinks;
-        if config.input_dim != width || !config.qkv_bias || !plain {
-            return Err(WeightsError::UnexpectedKey {
-                key: "c_attn.weight".into(),
-                reason: format!(
-                    "GPT-2 attention needs input_dim = output_dim, qkv_bias, output_bias, \
+fn gpt2_params<B: Backend>(
+    dict: &StateDict,
+    config: &MultiHeadAttentionConfig,
+    device: &B::Device,
+) -> Result<AttentionParams<B>, WeightsError> {
+    let width = config.output_dim;
+    let plain = config.num_kv_heads() == config.num_heads
+        && config.head_dim() * config.num_heads == width
+        && config.output_bias
+        && config.qk_norm.is_none()
+        && !config.sinks;
+    if config.input_dim != width || !config.qkv_bias || !plain {
+        return Err(StateDictError::UnexpectedKey {
+            key: "c_attn.weight".into(),
+            reason: format!(
+                "GPT-2 attention needs input_dim = output_dim, qkv_bias, output_bias, \
                      plain heads, no q/k norms and no sinks, the config has input_dim = {}, \
                      output_dim = {width}, qkv_bias = {}, {config:?}",
-                    config.input_dim, config.qkv_bias
-                ),
-            });
+                config.input_dim, config.qkv_bias
+            ),
         }
-        // Conv1D stores [in, out], as Burn's Linear does; Q, K, V are column blocks.
-        let qkv_weight = self.tensor_shaped::<B, 2>("c_attn.weight", [width, 3 * width], device)?;
-        let qkv_bias = self.tensor_shaped::<B, 1>("c_attn.bias", [3 * width], device)?;
-        let block = |i: usize| LinearParams {
-            weight: qkv_weight.clone().narrow(1, i * width, width),
-            bias: Some(qkv_bias.clone().narrow(0, i * width, width)),
-        };
-        Ok(AttentionParams {
-            query: block(0),
-            key: block(1),
-            value: block(2),
-            output: LinearParams {
-                weight: self.tensor_shaped("c_proj.weight", [width, width], device)?,
-                bias: Some(self.tensor_shaped("c_proj.bias", [width], device)?),
-            },
-            query_norm: None,
-            key_norm: None,
-            sinks: None,
-        })
+        .into());
     }
+    // Conv1D stores [in, out], as Burn's Linear does; Q, K, V are column blocks.
+    let qkv_weight = dict.tensor_shaped::<B, 2>("c_attn.weight", [width, 3 * width], device)?;
+    let qkv_bias = dict.tensor_shaped::<B, 1>("c_attn.bias", [3 * width], device)?;
+    let block = |i: usize| LinearParams {
+        weight: qkv_weight.clone().narrow(1, i * width, width),
+        bias: Some(qkv_bias.clone().narrow(0, i * width, width)),
+    };
+    Ok(AttentionParams {
+        query: block(0),
+        key: block(1),
+        value: block(2),
+        output: LinearParams {
+            weight: dict.tensor_shaped("c_proj.weight", [width, width], device)?,
+            bias: Some(dict.tensor_shaped("c_proj.bias", [width], device)?),
+        },
+        query_norm: None,
+        key_norm: None,
+        sinks: None,
+    })
 }
 
 /// A linear layer's weight (Burn's layout, `[in, out]`) and optional bias.
@@ -435,17 +481,18 @@ impl<B: Backend> AttentionParams<B> {
             (Some(target), Some(sinks)) => {
                 let [heads] = sinks.dims();
                 if heads != config.num_heads {
-                    return Err(WeightsError::shape(SINKS, &[config.num_heads], &[heads]));
+                    return Err(StateDictError::shape(SINKS, &[config.num_heads], &[heads]).into());
                 }
                 *target = Param::from_tensor(sinks);
             }
             (None, None) => {}
-            (Some(_), None) => return Err(WeightsError::MissingKey { key: SINKS.into() }),
+            (Some(_), None) => return Err(StateDictError::MissingKey { key: SINKS.into() }.into()),
             (None, Some(_)) => {
-                return Err(WeightsError::UnexpectedKey {
+                return Err(StateDictError::UnexpectedKey {
                     key: SINKS.into(),
                     reason: "the config has sinks = false".into(),
-                });
+                }
+                .into());
             }
         }
         Ok(layer)
@@ -518,19 +565,21 @@ fn assign_norm<B: Backend>(
         (Some(norm), Some(weight)) => {
             let [width] = weight.dims();
             if width != norm.width() {
-                return Err(WeightsError::shape(name, &[norm.width()], &[width]));
+                return Err(StateDictError::shape(name, &[norm.width()], &[width]).into());
             }
             norm.gamma = Param::from_tensor(weight);
             Ok(())
         }
         (None, None) => Ok(()),
-        (Some(_), None) => Err(WeightsError::MissingKey {
+        (Some(_), None) => Err(StateDictError::MissingKey {
             key: name.to_string(),
-        }),
-        (None, Some(_)) => Err(WeightsError::UnexpectedKey {
+        }
+        .into()),
+        (None, Some(_)) => Err(StateDictError::UnexpectedKey {
             key: name.to_string(),
             reason: "the config has no qk_norm".into(),
-        }),
+        }
+        .into()),
     }
 }
 

@@ -2,14 +2,13 @@
 //! Validation does not depend on the backend, so these run on ndarray alone.
 
 use attention_backends::NdArray as B;
-use attention_core::weights::{StateDict, WeightsError};
+use attention_core::weights::{LayerWeights, StateDict, StateDictError, WeightsError};
 use attention_core::{
     AttentionError, AttentionInput, AttentionPath, MultiHeadAttentionConfig, QkNormConfig,
     QkNormScope, RopeConfig,
 };
 use burn::prelude::*;
 use burn::tensor::Bool;
-use tensor_files::FileError;
 use test_support::fixture;
 
 fn device() -> burn::backend::ndarray::NdArrayDevice {
@@ -195,7 +194,7 @@ fn qk_norm_weight_errors_name_the_key() {
             .to_layer::<B>(&config.clone().with_qk_norm(None), &device())
             .unwrap_err();
         assert!(
-            matches!(&e, WeightsError::UnexpectedKey { key, .. } if key == "q_norm.weight"),
+            matches!(&e, WeightsError::StateDict(StateDictError::UnexpectedKey { key, .. }) if key == "q_norm.weight"),
             "{e}"
         );
         let other = match scope {
@@ -209,7 +208,7 @@ fn qk_norm_weight_errors_name_the_key() {
             )
             .unwrap_err();
         assert!(
-            matches!(&e, WeightsError::Shape { key, .. } if key == "q_norm.weight"),
+            matches!(&e, WeightsError::StateDict(StateDictError::Shape { key, .. }) if key == "q_norm.weight"),
             "{e}"
         );
     }
@@ -222,7 +221,7 @@ fn qk_norm_weight_errors_name_the_key() {
         .with_qk_norm(Some(QkNormConfig::new(QkNormScope::Head)));
     let e = plain.to_layer::<B>(&config, &device()).unwrap_err();
     assert!(
-        matches!(&e, WeightsError::MissingKey { key } if key == "q_norm.weight"),
+        matches!(&e, WeightsError::StateDict(StateDictError::MissingKey { key }) if key == "q_norm.weight"),
         "{e}"
     );
 
@@ -231,21 +230,21 @@ fn qk_norm_weight_errors_name_the_key() {
         .infer_config(2, 8)
         .unwrap_err();
     assert!(
-        matches!(&e, WeightsError::MissingKey { key } if key == "k_norm.weight"),
+        matches!(&e, WeightsError::StateDict(StateDictError::MissingKey { key }) if key == "k_norm.weight"),
         "{e}"
     );
     let e = llama_with_norms(&[("q_norm.weight", 8), ("k_norm.weight", 8)])
         .infer_config(2, 8)
         .unwrap_err();
     assert!(
-        matches!(&e, WeightsError::Shape { key, expected, found, .. } if key == "k_norm.weight" && expected == &[4] && found == &[8]),
+        matches!(&e, WeightsError::StateDict(StateDictError::Shape { key, expected, found, .. }) if key == "k_norm.weight" && expected == &[4] && found == &[8]),
         "{e}"
     );
     let e = llama_with_norms(&[("q_norm.weight", 5), ("k_norm.weight", 4)])
         .infer_config(2, 8)
         .unwrap_err();
     assert!(
-        matches!(&e, WeightsError::Shape { key, .. } if key == "q_norm.weight"),
+        matches!(&e, WeightsError::StateDict(StateDictError::Shape { key, .. }) if key == "q_norm.weight"),
         "{e}"
     );
 }
@@ -367,7 +366,7 @@ fn weight_errors_name_the_key_and_shapes() {
         .to_layer::<B>(&bias_config(), &device())
         .unwrap_err();
     assert!(
-        matches!(&e, WeightsError::MissingKey { key } if key == "key_layer.weight"),
+        matches!(&e, WeightsError::StateDict(StateDictError::MissingKey { key }) if key == "key_layer.weight"),
         "{e}"
     );
 
@@ -391,7 +390,7 @@ fn weight_errors_name_the_key_and_shapes() {
         .to_layer::<B>(&bias_config().with_qkv_bias(false), &device())
         .unwrap_err();
     assert!(
-        matches!(&e, WeightsError::UnexpectedKey { key, .. } if key == "query_layer.bias"),
+        matches!(&e, WeightsError::StateDict(StateDictError::UnexpectedKey { key, .. }) if key == "query_layer.bias"),
         "{e}"
     );
 
@@ -403,7 +402,7 @@ fn weight_errors_name_the_key_and_shapes() {
         )
         .unwrap_err();
     assert!(
-        matches!(&e, WeightsError::Shape { key, expected, found, .. } if key == "query_layer.weight" && expected == &[6, 8] && found == &[8, 8]),
+        matches!(&e, WeightsError::StateDict(StateDictError::Shape { key, expected, found, .. }) if key == "query_layer.weight" && expected == &[6, 8] && found == &[8, 8]),
         "{e}"
     );
 
@@ -421,39 +420,6 @@ fn weight_errors_name_the_key_and_shapes() {
         .infer_config(2, 8)
         .unwrap_err();
     assert!(matches!(e, WeightsError::UnknownLayout { .. }), "{e}");
-}
-
-#[test]
-fn file_errors() {
-    let dir = std::env::temp_dir().join(format!("attention-core-errors-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let e = StateDict::load(dir.join("absent.safetensors")).unwrap_err();
-    assert!(
-        matches!(e, WeightsError::File(FileError::Io { .. }))
-            && e.to_string().contains("No such file"),
-        "{e}"
-    );
-    let garbage = dir.join("garbage.safetensors");
-    std::fs::write(&garbage, b"not a safetensors file").unwrap();
-    let e = StateDict::load(&garbage).unwrap_err();
-    assert!(
-        matches!(e, WeightsError::File(FileError::Malformed { .. })),
-        "{e}"
-    );
-    let garbage_pt = dir.join("garbage.pt");
-    std::fs::write(&garbage_pt, b"not a zip").unwrap();
-    let e = StateDict::load(&garbage_pt).unwrap_err();
-    assert!(
-        matches!(e, WeightsError::File(FileError::Malformed { .. })),
-        "{e}"
-    );
-    let txt = dir.join("weights.txt");
-    std::fs::write(&txt, b"").unwrap();
-    assert!(matches!(
-        StateDict::load(&txt),
-        Err(WeightsError::File(FileError::UnknownFormat { .. }))
-    ));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

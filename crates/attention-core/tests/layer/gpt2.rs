@@ -12,7 +12,7 @@
 use crate::common;
 
 use attention_backends::compare::assert_close;
-use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
+use attention_core::weights::{AttentionParams, LayerWeights, StateDict, WeightsLayout};
 use attention_core::{MultiHeadAttention, masked_softmax};
 use burn::backend::Autodiff;
 use burn::prelude::*;

@@ -12,7 +12,7 @@ use crate::common;
 
 use attention_backends::compare::deviation;
 use attention_backends::{Autodiff, NdArray64, Wgpu};
-use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
+use attention_core::weights::{AttentionParams, LayerWeights, StateDict, WeightsLayout};
 use attention_core::{
     AttentionInput, AttentionPath, Kernel, MultiHeadAttention, MultiHeadAttentionConfig,
 };

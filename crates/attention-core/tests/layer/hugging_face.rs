@@ -4,7 +4,7 @@
 //! weights and every gradient, on the explicit, fused and cached paths.
 
 use attention_backends::compare::assert_close;
-use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
+use attention_core::weights::{AttentionParams, LayerWeights, StateDict, WeightsLayout};
 use attention_core::{
     AttentionInput, AttentionPath, MultiHeadAttention, MultiHeadAttentionConfig, RopeConfig,
 };

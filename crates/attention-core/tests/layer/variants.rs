@@ -11,7 +11,7 @@
 use crate::common;
 
 use attention_backends::compare::{assert_close, deviation};
-use attention_core::weights::{AttentionParams, StateDict, WeightsLayout};
+use attention_core::weights::{AttentionParams, LayerWeights, StateDict, WeightsLayout};
 use attention_core::{
     AttentionInput, AttentionPath, MultiHeadAttention, MultiHeadAttentionConfig, QkNorm,
     QkNormConfig, QkNormScope, RopeConfig, RopeLayout,

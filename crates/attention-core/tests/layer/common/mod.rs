@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use attention_core::weights::StateDict;
+use attention_core::weights::{LayerWeights, StateDict};
 use attention_core::{MultiHeadAttention, MultiHeadAttentionConfig};
 use burn::prelude::*;
 
