@@ -1,5 +1,6 @@
-//! The attention core, `softmax(mask(q kᵀ) / √head_dim) v`, on its two paths, with what the
-//! layer's config may change in it: the scale, a soft-cap and sinks ([`ScoreRule`]).
+//! The attention core, `softmax(mask(q kᵀ) / √head_dim) v`, as tensor ops: the explicit path
+//! (the chapter's steps) and Burn's fused op, with the scale, soft-cap and sinks of a
+//! [`ScoreRule`]. The kernels of this crate's own are behind `kernels/`.
 
 use burn::nn::Dropout;
 use burn::prelude::*;
@@ -7,9 +8,8 @@ use burn::tensor::Bool;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 
-use crate::error::AttentionError;
-use crate::kernels::{Kernel, KernelInputs};
 use crate::mask::attention_mask;
+use crate::score_rule::ScoreRule;
 
 /// How the attention core is computed. Both paths give the same result (to float rounding);
 /// they differ in speed, memory and what they can do.
@@ -35,48 +35,6 @@ pub enum AttentionPath {
     /// two. Under autodiff Burn differentiates it through its `O(T²)` composite; on a layer with
     /// sinks (which Burn's op has not) the explicit path.
     BurnOp,
-}
-
-/// How the scores are made from `q kᵀ`, and what joins their softmax besides the keys: `s =
-/// scale · q kᵀ`, then `c · tanh(s / c)` with a soft-cap `c` (Gemma 2), then the mask; with sinks
-/// (gpt-oss, StreamingLLM) each head's softmax has `exp(sink)` in its denominator, a key that
-/// takes weight and contributes no value.
-#[derive(Debug, Clone)]
-pub(crate) struct ScoreRule<B: Backend> {
-    /// Multiplies `q kᵀ`; `None`: `1/√head_dim` (which the explicit path applies as a division
-    /// by `√head_dim`, rounding as the chapter's code does).
-    pub scale: Option<f64>,
-    /// The soft-cap, if any.
-    pub softcap: Option<f64>,
-    /// One logit per query head, `[heads]`, if any.
-    pub sinks: Option<Tensor<B, 1>>,
-}
-
-impl<B: Backend> ScoreRule<B> {
-    /// The factor of `q kᵀ` for heads of `head_dim` features.
-    pub fn scale_for(&self, head_dim: usize) -> f64 {
-        scale_for(self.scale, head_dim)
-    }
-
-    /// `scores` scaled and soft-capped.
-    ///
-    /// # Shapes
-    /// - `scores`: any; output: the same
-    fn apply<const D: usize>(&self, scores: Tensor<B, D>, head_dim: usize) -> Tensor<B, D> {
-        let scaled = match self.scale {
-            None => scores / (head_dim as f64).sqrt(),
-            Some(scale) => scores * scale,
-        };
-        match self.softcap {
-            None => scaled,
-            Some(cap) => (scaled / cap).tanh() * cap,
-        }
-    }
-}
-
-/// `scale`, or `1/√head_dim` without one.
-pub(crate) fn scale_for(scale: Option<f64>, head_dim: usize) -> f64 {
-    scale.unwrap_or_else(|| (head_dim as f64).sqrt().recip())
 }
 
 /// What the explicit path computes on its way.
@@ -167,12 +125,13 @@ pub(crate) fn explicit<B: Backend>(
 /// # Shapes
 /// - `scaled`: `[batch, heads, queries, keys]`, finite; `mask`: the same, `true` = masked
 /// - output: `[batch, heads, queries, keys]`
+#[cfg(feature = "test-hooks")]
 pub fn masked_softmax<B: Backend>(scaled: Tensor<B, 4>, mask: Tensor<B, 4, Bool>) -> Tensor<B, 4> {
     let masked = scaled.clone().detach().mask_fill(mask, f32::NEG_INFINITY);
     softmax_of_masked(masked, || scaled)
 }
 
-/// [`masked_softmax`] given `x`, the detached scaled scores with `-inf` where masked; `scaled`
+/// `masked_softmax` given `x`, the detached scaled scores with `-inf` where masked; `scaled`
 /// (the tracked scores, without the mask) is only asked for under autodiff.
 ///
 /// # Shapes
@@ -265,111 +224,4 @@ pub(crate) fn fused<B: Backend>(
         is_causal,
     };
     attention(q, k, v, mask, None, options)
-}
-
-/// Causal attention of `query` over `key` and `value` as projections make them, the heads side
-/// by side: `softmax(q kᵀ / √head_dim) v` per head, query `i` seeing the keys up to position
-/// `i + keys − queries`; query head `h` reads key/value head `h / (heads / kv_heads)` (grouped
-/// heads); with a `window`, query position `p` sees only keys `j` with `p − j < window`. The
-/// layer's attention core alone, for a model that makes its own projections.
-///
-/// On a backend with a kernel of this crate's own ([`Kernel::of`]) the kernel computes it, with
-/// its own backward under `Autodiff`; elsewhere Burn's fused attention op does, on the heads
-/// split apart.
-///
-/// # Shapes
-/// - `query`: `[batch, queries, heads · head_dim]`
-/// - `key`, `value`: `[batch, keys, kv_heads · head_dim]`, `keys ≥ queries`
-/// - output: `[batch, queries, heads · head_dim]`
-///
-/// # Errors
-/// [`AttentionError::CoreShapes`] when the shapes do not fit together, and
-/// [`AttentionError::ZeroSize`] for zero heads or a window of zero keys.
-///
-/// ```
-/// use attention_core::causal_attention;
-/// use burn::backend::NdArray;
-/// use burn::prelude::*;
-///
-/// let device = Default::default();
-/// let q = Tensor::<NdArray, 3>::ones([1, 5, 8], &device);
-/// let kv = Tensor::<NdArray, 3>::ones([1, 5, 4], &device);
-/// // 2 query heads of 4 features over 1 key/value head.
-/// let context = causal_attention(q, kv.clone(), kv, 2, None).unwrap();
-/// assert_eq!(context.dims(), [1, 5, 8]);
-/// ```
-pub fn causal_attention<B: Backend>(
-    query: Tensor<B, 3>,
-    key: Tensor<B, 3>,
-    value: Tensor<B, 3>,
-    heads: usize,
-    window: Option<usize>,
-) -> Result<Tensor<B, 3>, AttentionError> {
-    if heads == 0 {
-        return Err(AttentionError::ZeroSize { name: "heads" });
-    }
-    if window == Some(0) {
-        return Err(AttentionError::ZeroSize { name: "window" });
-    }
-    let [batch, queries, width] = query.dims();
-    let [key_batch, keys, kv_width] = key.dims();
-    let shapes_fit = width.is_multiple_of(heads)
-        && width > 0
-        && kv_width.is_multiple_of(width / heads)
-        && kv_width > 0
-        && heads.is_multiple_of(kv_width / (width / heads))
-        && key_batch == batch
-        && value.dims() == key.dims()
-        && keys >= queries
-        && queries > 0;
-    if !shapes_fit {
-        return Err(AttentionError::CoreShapes {
-            query: query.dims(),
-            key: key.dims(),
-            value: value.dims(),
-            heads,
-        });
-    }
-    let head_dim = width / heads;
-    let kv_heads = kv_width / head_dim;
-    let rule = ScoreRule {
-        scale: None,
-        softcap: None,
-        sinks: None,
-    };
-    if Kernel::of::<B>().is_some() {
-        return Ok(crate::kernels::attention(KernelInputs {
-            query,
-            key,
-            value,
-            heads,
-            kv_heads,
-            window,
-            key_padding: None,
-            scores: rule,
-        }));
-    }
-    let split = |tensor: Tensor<B, 3>, heads: usize| {
-        let [batch, seq, _] = tensor.dims();
-        tensor
-            .reshape([batch, seq, heads, head_dim])
-            .swap_dims(1, 2)
-    };
-    let repeated = |tensor: Tensor<B, 3>| {
-        let split = split(tensor, kv_heads);
-        let group = heads / kv_heads;
-        split
-            .reshape([batch, kv_heads, 1, keys, head_dim])
-            .expand([batch, kv_heads, group, keys, head_dim])
-            .reshape([batch, heads, keys, head_dim])
-    };
-    let context = fused(
-        split(query, heads),
-        repeated(key),
-        repeated(value),
-        None,
-        window,
-        &rule,
-    );
-    Ok(context.swap_dims(1, 2).reshape([batch, queries, width]))
 }

@@ -25,9 +25,11 @@
 //!   first `rotary_dim` features, `rope.rs`), [`QkNormConfig`] (RMSNorms per head or over the
 //!   projected width, `qk_norm.rs`) — is applied in its one projection step, before any attention
 //!   core, so that every path sees it.
-//! - [`AttentionPath`]: the explicit and the fused attention core (`attend.rs`); which code runs
-//!   for a path on a backend is decided in one place, `route.rs`. [`causal_attention`]: the core
-//!   alone, on projections a model made itself.
+//! - [`AttentionPath`]: the explicit and the fused attention core (`attend.rs`: the tensor ops;
+//!   `kernels/`: this crate's kernels); which code runs for a path on a backend is decided in one
+//!   place, `route.rs`. [`causal_attention`] (`causal.rs`): the core alone, on projections a model
+//!   made itself. The scale, soft-cap and sinks every core reads: `score_rule.rs`; the head split
+//!   and merge: `heads.rs`.
 //! - [`RmsNorm`]: the one RMSNorm, `w` or Gemma's `1 + w` (`rms_norm.rs`): the q/k norms, and
 //!   the `gpt` crate's block norms.
 //! - [`mask`]: causal and key-padding masks.
@@ -41,7 +43,9 @@
 
 mod attend;
 mod cache;
+mod causal;
 mod error;
+mod heads;
 mod kernels;
 pub mod mask;
 mod mha;
@@ -49,17 +53,19 @@ mod qk_norm;
 mod rms_norm;
 mod rope;
 mod route;
+mod score_rule;
 pub mod weights;
 
 /// The explicit path's softmax, for tests that rebuild a reference from it.
-#[doc(hidden)]
+#[cfg(feature = "test-hooks")]
 pub use attend::masked_softmax;
-pub use attend::{AttentionPath, causal_attention};
+pub use attend::AttentionPath;
 pub use cache::KvCache;
+pub use causal::causal_attention;
 pub use error::AttentionError;
 pub use kernels::Kernel;
 /// How many device syncs decoding has made on this thread: what tests check stays zero.
-#[doc(hidden)]
+#[cfg(feature = "test-hooks")]
 pub use kernels::device_syncs;
 /// The GPU kernels' CUDA source without a CUDA device, for `benches/kernel-report`.
 #[cfg(feature = "kernel-report")]

@@ -2,8 +2,9 @@
 //! [`AttentionPath`], the backend and the kind of call to what runs.
 //!
 //! The backends with a kernel are listed in [`crate::kernels`]: ndarray and flex have the CPU
-//! kernel; wgpu (Burn's fused `Wgpu` and the plain `CubeBackend`) the GPU kernel, with
-//! attention-core's `wgpu` feature.
+//! kernel; Burn's GPU backends (wgpu's fused `Wgpu` and plain `CubeBackend` with attention-core's
+//! `wgpu` feature, CUDA's with its `cuda` feature) the GPU kernel. "wgpu" in the table stands for
+//! both GPU runtimes.
 //!
 //! | call | backend | `Auto` | `Explicit` | `Fused` |
 //! |---|---|---|---|---|
@@ -21,9 +22,10 @@
 //!    applies dropout.
 //! 2. [`Route::Explicit`] under `Autodiff`: Burn 0.21 differentiates its attention op through the
 //!    same `O(T²)` composite, with an approximate division gradient on some backends.
-//! 3. The cache keeps its keys and values in the kernel's layout (`[batch, len, kv_heads ·
-//!    head_dim]`; host memory for the CPU kernel, a device tensor for the GPU one), which the
-//!    kernel reads in place ([`KvCache`](crate::KvCache)).
+//! 3. The cache keeps its keys and values in the kernel's own storage, which the kernel reads in
+//!    place ([`KvCache`](crate::KvCache)): host memory, head-major (`[batch, kv_heads, len,
+//!    head_dim]`), for the CPU kernel; device tensors with the heads side by side (`[batch, len,
+//!    kv_heads · head_dim]`) for the GPU kernel.
 //! 4. The cache stores keys per head (`[batch, heads, len, head_dim]`), the layout Burn's op
 //!    reads. Under `Autodiff` the cache stays in tensors, through which gradients flow, even on
 //!    the kernels' backends; [`Route::Explicit`] under `Autodiff` for the reasons of 1, and of 2

@@ -1,9 +1,9 @@
 //! `apply`: a PyTorch-trained layer on given inputs; outputs, attention weights and gradients
 //! written as safetensors, gradients in the layout the weights came in.
 
-use attention_core::weights::{AttentionParams, StateDict};
+use attention_core::weights::{AttentionParams, LayerWeights, StateDict};
 use attention_core::{
-    AttentionInput, MultiHeadAttention, MultiHeadAttentionConfig, QkNormConfig, QkNormScope,
+    AttentionError, AttentionInput, MultiHeadAttention, MultiHeadAttentionConfig, QkNormConfig, QkNormScope,
     RopeConfig, RopeLayout, RopeScaling,
 };
 use burn::backend::Autodiff;
@@ -204,9 +204,6 @@ fn outputs<C: Backend>(
     positions: Option<Tensor<C, 2, Int>>,
     path: PathArg,
 ) -> Result<(Tensor<C, 3>, Option<Tensor<C, 4>>), DemoError> {
-    // Every path refuses an empty batch or sequence alike (the cached one would otherwise have
-    // no step to concatenate).
-    layer.check_input(&x, 0)?;
     let input = |x: Tensor<C, 3>, positions: Option<Tensor<C, 2, Int>>| {
         let input = AttentionInput::new(x).path(path.attention_path());
         match positions {
@@ -222,6 +219,10 @@ fn outputs<C: Backend>(
         PathArg::Fused => (layer.try_forward(input(x, positions))?, None),
         PathArg::Cached => {
             let [batch, seq, _] = x.dims();
+            // No token, no step: refused as the other paths refuse it, with the layer's error.
+            if seq == 0 {
+                return Err(AttentionError::EmptySequence.into());
+            }
             let mut cache = layer.new_cache();
             let steps = (0..seq)
                 .map(|t| {

@@ -6,6 +6,7 @@
 //! - [`wgpu_device_for_test`]: the wgpu device, or a skip that says why (a failure under
 //!   `REQUIRE_WGPU`, as in CI).
 //! - [`fixture`]: the golden files in the workspace's top-level `fixtures/`.
+//! - [`values`]: deterministic test values, the same for a seed on every machine.
 #![warn(missing_docs)]
 
 use attention_backends::{Autodiff, REQUIRE_WGPU, WgpuDevice, wgpu_device};
@@ -60,6 +61,20 @@ pub fn fixture(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../fixtures")
         .join(name)
+}
+
+/// `len` deterministic values, uniform in `[-1, 1)`, from `seed` (a xorshift generator: the same
+/// values on every machine and run). Tests scale them to the range they need.
+pub fn values(len: usize, seed: u64) -> Vec<f64> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        })
+        .collect()
 }
 
 /// Instantiates generic test bodies `fn name<B: Backend>(device: &B::Device)` on every backend:

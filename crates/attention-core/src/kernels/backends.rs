@@ -30,19 +30,20 @@ impl Kernel {
     /// assert_eq!(Kernel::of::<burn::backend::NdArray>(), Some(Kernel::Cpu));
     /// ```
     pub fn of<B: Backend>() -> Option<Self> {
-        entry::<B>().map(|entry| entry.kernel)
+        entry_points::<B>().map(|entry| entry.kernel)
     }
 
     /// Whether decoding on `B` keeps its key/value cache in this kernel's own storage (bare
     /// backends: under `Autodiff` the cache stays in tensors, through which gradients flow).
     pub fn keeps_cache<B: Backend>() -> bool {
-        entry::<B>().is_some_and(|entry| entry.keeps_cache)
+        entry_points::<B>().is_some_and(|entry| entry.keeps_cache)
     }
 
     /// How many attention calls (whole sequences and decoding steps) this kernel has computed on
     /// the calling thread: lets a test or a benchmark see which code ran (per thread, so that
-    /// tests running side by side do not count each other's calls).
-    #[doc(hidden)]
+    /// tests running side by side do not count each other's calls). Behind the `test-hooks`
+    /// feature.
+    #[cfg(feature = "test-hooks")]
     pub fn calls(self) -> u64 {
         CALLS.with(|calls| calls[self as usize].get())
     }
@@ -109,8 +110,8 @@ macro_rules! for_each_kernel_backend {
     };
 }
 
-/// How backend `B` reaches its kernel.
-pub(super) struct Entry<B: Backend> {
+/// The kernel of backend `B` and the functions that call it on `B`.
+pub(super) struct EntryPoints<B: Backend> {
     pub(super) kernel: Kernel,
     /// The kernel's forward pass on `B`, recording the kernel's backward under `Autodiff`.
     pub(super) forward: fn(KernelInputs<B>) -> Tensor<B, 3>,
@@ -122,15 +123,15 @@ pub(super) struct Entry<B: Backend> {
     keeps_cache: bool,
 }
 
-/// `B`'s kernel entry, or `None` when no kernel runs on `B`.
-pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
+/// `B`'s kernel and how to call it, or `None` when no kernel runs on `B`.
+pub(super) fn entry_points<B: Backend>() -> Option<EntryPoints<B>> {
     use burn::backend::Autodiff;
     use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, NoCheckpointing};
     macro_rules! recognise {
         ($inner:ty, $module:ident, $kernel:expr) => {
             let id = TypeId::of::<B>();
             if id == TypeId::of::<$inner>() {
-                return Some(Entry {
+                return Some(EntryPoints {
                     kernel: $kernel,
                     forward: $module::forward::<B, $inner>,
                     cached: $module::cached::<B, $inner>,
@@ -139,7 +140,7 @@ pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
                 });
             }
             if id == TypeId::of::<Autodiff<$inner, NoCheckpointing>>() {
-                return Some(Entry {
+                return Some(EntryPoints {
                     kernel: $kernel,
                     forward: $module::on_autodiff::<B, $inner, NoCheckpointing>,
                     cached: uncached::<B>,
@@ -148,7 +149,7 @@ pub(super) fn entry<B: Backend>() -> Option<Entry<B>> {
                 });
             }
             if id == TypeId::of::<Autodiff<$inner, BalancedCheckpointing>>() {
-                return Some(Entry {
+                return Some(EntryPoints {
                     kernel: $kernel,
                     forward: $module::on_autodiff::<B, $inner, BalancedCheckpointing>,
                     cached: uncached::<B>,
@@ -170,7 +171,7 @@ pub(crate) fn warn_if_gpu_without_kernel<B: Backend>() {
     use std::sync::atomic::{AtomicBool, Ordering};
     // Process-wide on purpose: a warning the process prints once, not a value any call reads.
     static WARNED: AtomicBool = AtomicBool::new(false);
-    let built = Built {
+    let built = GpuFeatures {
         wgpu: cfg!(feature = "wgpu"),
         cuda: cfg!(feature = "cuda"),
     };
@@ -186,16 +187,16 @@ pub(crate) fn warn_if_gpu_without_kernel<B: Backend>() {
     }
 }
 
-/// Which GPU kernels attention-core was built with (its cargo features).
+/// Which of attention-core's GPU kernel features (`wgpu`, `cuda`) this build has.
 #[derive(Debug, Clone, Copy)]
-struct Built {
+struct GpuFeatures {
     wgpu: bool,
     cuda: bool,
 }
 
 /// The attention-core feature that has a GPU kernel for the backend named `type_name`, where
 /// that backend is a GPU runtime of Burn's and the feature is not `built`.
-fn missing_gpu_feature(type_name: &str, built: Built) -> Option<&'static str> {
+fn missing_gpu_feature(type_name: &str, built: GpuFeatures) -> Option<&'static str> {
     if type_name.contains("WgpuRuntime") && !built.wgpu {
         return Some("wgpu");
     }
@@ -213,7 +214,7 @@ fn uncached<B: Backend>(_: CachedInputs<'_, B>) -> Tensor<B, 3> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Built, missing_gpu_feature};
+    use super::{GpuFeatures, missing_gpu_feature};
 
     #[test]
     fn a_gpu_runtime_without_its_feature_is_named() {
@@ -221,11 +222,11 @@ mod tests {
                     cubecl_wgpu::runtime::WgpuRuntime, f32, i32, u32>>>";
         let cuda = "burn_fusion::Fusion<burn_cubecl::CubeBackend<\
                     cubecl_cuda::runtime::CudaRuntime, f32, i32, u8>>";
-        let none = Built {
+        let none = GpuFeatures {
             wgpu: false,
             cuda: false,
         };
-        let both = Built {
+        let both = GpuFeatures {
             wgpu: true,
             cuda: true,
         };

@@ -3,7 +3,7 @@
 use burn::prelude::*;
 use burn::tensor::Bool;
 
-use crate::attend::ScoreRule;
+use crate::score_rule::ScoreRule;
 
 /// The inputs of causal attention with the heads still side by side, as the projections made
 /// them.

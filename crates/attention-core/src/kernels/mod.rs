@@ -24,7 +24,7 @@ use std::ops::Range;
 use burn::prelude::*;
 use burn::tensor::Bool;
 
-use crate::attend::ScoreRule;
+use crate::score_rule::ScoreRule;
 
 /// A kernel's forward output recorded as one node of Burn's autodiff graph, shared by the CPU and
 /// GPU kernels' `on_autodiff`: its parents are the query, key and value (`$nodes`) and the sinks
@@ -87,7 +87,7 @@ macro_rules! untracked_kernel_inputs {
             key_padding: inputs
                 .key_padding
                 .map(|mask| Tensor::from_primitive(mask.into_primitive())),
-            scores: $crate::attend::ScoreRule {
+            scores: $crate::score_rule::ScoreRule {
                 scale: inputs.scores.scale,
                 softcap: inputs.scores.softcap,
                 sinks: sinks
@@ -115,6 +115,7 @@ mod storage;
 pub use backends::Kernel;
 pub(crate) use backends::warn_if_gpu_without_kernel;
 pub(crate) use inputs::KernelInputs;
+#[cfg(feature = "test-hooks")]
 pub use storage::device_syncs;
 pub(crate) use storage::{KvStorage, NewKv};
 
@@ -126,7 +127,7 @@ pub(crate) use storage::{KvStorage, NewKv};
 /// # Panics
 /// When no kernel runs on `B` (the route asks [`Kernel::of`] first).
 pub(crate) fn attention<B: Backend>(inputs: KernelInputs<B>) -> Tensor<B, 3> {
-    let entry = backends::entry::<B>().unwrap_or_else(|| {
+    let entry = backends::entry_points::<B>().unwrap_or_else(|| {
         panic!(
             "no attention kernel of this crate runs on {}",
             std::any::type_name::<B>()
@@ -161,7 +162,7 @@ pub(crate) struct CachedInputs<'a, B: Backend> {
 /// When the cache is not in the storage of `B`'s kernel (the route asks [`Kernel::keeps_cache`]
 /// first, and the cache moves into the kernel's storage when the step is appended).
 pub(crate) fn cached_attention<B: Backend>(inputs: CachedInputs<'_, B>) -> Tensor<B, 3> {
-    let entry = backends::entry::<B>()
+    let entry = backends::entry_points::<B>()
         .filter(|_| Kernel::keeps_cache::<B>())
         .expect("the route checked that B's kernel keeps the cache");
     entry.kernel.count_call();

@@ -248,7 +248,7 @@ impl<B: Backend> KvStorage<B> {
             Self::Device { keys, .. } => keys.device(),
             Self::CpuHost(_) => return Ok(()),
         };
-        match super::backends::entry::<B>() {
+        match super::backends::entry_points::<B>() {
             Some(entry) => {
                 (entry.end_step)(&device);
                 Ok(())
@@ -315,7 +315,9 @@ thread_local! {
 }
 
 /// How many times a cache has waited for the device on the calling thread (per thread, as
-/// [`Kernel::calls`]): a test's check that decoding waits for nothing.
+/// `Kernel::calls`): a test's check that decoding waits for nothing. Behind the `test-hooks`
+/// feature.
+#[cfg(feature = "test-hooks")]
 pub fn device_syncs() -> u64 {
     DEVICE_SYNCS.with(std::cell::Cell::get)
 }

@@ -11,13 +11,15 @@ use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::{Bool, Int};
 
-use crate::attend::{self, AttentionPath, AttentionScores, ScoreRule};
+use crate::attend::{self, AttentionPath, AttentionScores};
 use crate::cache::KvCache;
 use crate::error::AttentionError;
+use crate::heads::merge_heads;
 use crate::kernels::{self, CachedInputs, KernelInputs, NewKv};
 use crate::qk_norm::{QkNorm, QkNormConfig, QkNormScope};
 use crate::rope::{Positions, RopeConfig, Rotary};
 use crate::route::{Call, Route, route};
+use crate::score_rule::ScoreRule;
 use cpu_linalg::projection::{self, PackedWeightsCache};
 
 mod config;
@@ -189,10 +191,11 @@ impl<B: Backend> MultiHeadAttention<B> {
         if route == Route::Explicit {
             check_explicit_size([batch, self.num_heads, seq, seq])?;
         }
+        // [batch, seq, heads · head_dim]
         let context = match route {
             Route::CpuKernel | Route::GpuKernel => {
                 let [q, k, v] = self.project_side_by_side(x, &positions);
-                let context = kernels::attention(KernelInputs {
+                kernels::attention(KernelInputs {
                     query: q,
                     key: k,
                     value: v,
@@ -201,33 +204,30 @@ impl<B: Backend> MultiHeadAttention<B> {
                     window: self.sliding_window,
                     key_padding,
                     scores: self.score_rule(),
-                });
-                return Ok(projection::linear(
-                    &self.output_layer,
-                    context,
-                    &self.packed_output,
-                ));
+                })
             }
             Route::Explicit => {
                 let [q, k, v] = self.project(x, &positions, HeadLayout::Split);
                 let mask = attend::mask_for(&q, 0, key_padding, self.sliding_window);
                 let [k, v] = [k, v].map(|t| self.repeat_kv(t));
-                attend::explicit(q, k, v, mask, &self.score_rule(), &self.dropout).context
+                let scores = attend::explicit(q, k, v, mask, &self.score_rule(), &self.dropout);
+                merge_heads(scores.context)
             }
             Route::BurnOp => {
                 let [q, k, v] = self.project(x, &positions, HeadLayout::Split);
                 let [k, v] = [k, v].map(|t| self.repeat_kv(t));
-                attend::fused(
+                let context = attend::fused(
                     q,
                     k,
                     v,
                     key_padding,
                     self.sliding_window,
                     &self.score_rule(),
-                )
+                );
+                merge_heads(context)
             }
         };
-        Ok(self.merge_and_project(context))
+        Ok(self.project_output(context))
     }
 
     /// The explicit forward pass, returning what the source chapter prints on the way: raw scores,
@@ -255,7 +255,7 @@ impl<B: Backend> MultiHeadAttention<B> {
             weights,
         } = attend::explicit(q, k, v, mask, &self.score_rule(), &self.dropout);
         Ok(AttentionTrace {
-            output: self.merge_and_project(context),
+            output: self.project_output(merge_heads(context)),
             scores,
             masked_scores,
             weights,
@@ -318,11 +318,12 @@ impl<B: Backend> MultiHeadAttention<B> {
         // The cache keeps only the last positions: the padding of those this step sees.
         let seen_padding =
             |mask: Tensor<B, 2, Bool>, seen: usize| mask.narrow(1, past + new - seen, seen);
-        if route.is_kernel() {
+        // [batch, new, heads · head_dim]
+        let context = if route.is_kernel() {
             let [q, k, v] = self.project_side_by_side(x_new, &positions);
             let (storage, seen) = cache.append(NewKv::SideBySide { keys: k, values: v }, plan);
             let key_padding = key_padding.map(|mask| seen_padding(mask, seen.len()));
-            let context = kernels::cached_attention(CachedInputs {
+            kernels::cached_attention(CachedInputs {
                 query: q,
                 cache: storage,
                 seen,
@@ -330,37 +331,37 @@ impl<B: Backend> MultiHeadAttention<B> {
                 window: self.sliding_window,
                 key_padding,
                 scores: self.score_rule(),
-            });
-            let output = projection::linear(&self.output_layer, context, &self.packed_output);
-            cache.end_step()?;
-            return Ok(output);
-        }
-        let [q, k, v] = self.project(x_new, &positions, HeadLayout::Split);
-        let (storage, seen) = cache.append(NewKv::Split { keys: k, values: v }, plan);
-        let (keys, values) = storage.tensors(seen.clone());
-        let [keys, values] = [keys, values].map(|t| self.repeat_kv(t));
-        let key_padding = key_padding.map(|mask| seen_padding(mask, seen.len()));
-        let context = if route == Route::Explicit {
-            let mask = attend::mask_for(&q, seen.len() - new, key_padding, self.sliding_window);
-            attend::explicit(q, keys, values, mask, &self.score_rule(), &self.dropout).context
+            })
         } else {
-            attend::fused(
-                q,
-                keys,
-                values,
-                key_padding,
-                self.sliding_window,
-                &self.score_rule(),
-            )
+            let [q, k, v] = self.project(x_new, &positions, HeadLayout::Split);
+            let (storage, seen) = cache.append(NewKv::Split { keys: k, values: v }, plan);
+            let (keys, values) = storage.tensors(seen.clone());
+            let [keys, values] = [keys, values].map(|t| self.repeat_kv(t));
+            let key_padding = key_padding.map(|mask| seen_padding(mask, seen.len()));
+            let context = if route == Route::Explicit {
+                let past_seen = seen.len() - new;
+                let mask = attend::mask_for(&q, past_seen, key_padding, self.sliding_window);
+                attend::explicit(q, keys, values, mask, &self.score_rule(), &self.dropout).context
+            } else {
+                attend::fused(
+                    q,
+                    keys,
+                    values,
+                    key_padding,
+                    self.sliding_window,
+                    &self.score_rule(),
+                )
+            };
+            merge_heads(context)
         };
-        let output = self.merge_and_project(context);
+        let output = self.project_output(context);
         cache.end_step()?;
         Ok(output)
     }
 
     /// Checks `x` against the layer: its width, a non-empty batch and sequence, and room in the
     /// context after `past` cached positions.
-    pub fn check_input(&self, x: &Tensor<B, 3>, past: usize) -> Result<(), AttentionError> {
+    fn check_input(&self, x: &Tensor<B, 3>, past: usize) -> Result<(), AttentionError> {
         let [batch, seq, features] = x.dims();
         if features != self.input_dim() {
             return Err(AttentionError::InputDim {
@@ -446,41 +447,6 @@ impl<B: Backend> MultiHeadAttention<B> {
             Some(positions) => Ok(Positions::Given(positions)),
             None => Ok(Positions::From(past)),
         }
-    }
-}
-
-/// The entry points that took an [`AttentionInput`] before every forward pass did: kept for one
-/// release, each the pass of the same name without `_with`.
-impl<B: Backend> MultiHeadAttention<B> {
-    /// [`try_forward`](Self::try_forward), which takes an [`AttentionInput`] too.
-    #[deprecated(since = "0.1.0", note = "`try_forward` takes an `AttentionInput` too")]
-    pub fn forward_with(&self, input: AttentionInput<B>) -> Result<Tensor<B, 3>, AttentionError> {
-        self.try_forward(input)
-    }
-
-    /// [`forward_traced`](Self::forward_traced), which takes an [`AttentionInput`] too.
-    #[deprecated(
-        since = "0.1.0",
-        note = "`forward_traced` takes an `AttentionInput` too"
-    )]
-    pub fn forward_traced_with(
-        &self,
-        input: AttentionInput<B>,
-    ) -> Result<AttentionTrace<B>, AttentionError> {
-        self.forward_traced(input)
-    }
-
-    /// [`forward_cached`](Self::forward_cached), which takes an [`AttentionInput`] too.
-    #[deprecated(
-        since = "0.1.0",
-        note = "`forward_cached` takes an `AttentionInput` too"
-    )]
-    pub fn forward_cached_with(
-        &self,
-        input: AttentionInput<B>,
-        cache: &mut KvCache<B>,
-    ) -> Result<Tensor<B, 3>, AttentionError> {
-        self.forward_cached(input, cache)
     }
 }
 

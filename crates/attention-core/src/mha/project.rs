@@ -2,6 +2,7 @@
 //! in the layout the attention core reads), and the heads merged and projected out.
 
 use super::*;
+use crate::heads::repeat_kv;
 
 impl<B: Backend> MultiHeadAttention<B> {
     /// The one projection step of every path: queries, keys and values from `x`, queries and keys
@@ -101,34 +102,23 @@ impl<B: Backend> MultiHeadAttention<B> {
         })
     }
 
-    /// Each key/value head repeated for the query heads of its group (Hugging Face's
-    /// `repeat_kv`), for the paths whose attention needs equal head counts.
+    /// Each key/value head repeated for the query heads of its group, for the paths whose
+    /// attention needs equal head counts.
     ///
     /// # Shapes
     /// - `x`: `[batch, kv_heads, keys, head_dim]`
     /// - output: `[batch, heads, keys, head_dim]`
     pub(super) fn repeat_kv(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let group = self.num_heads / self.num_kv_heads;
-        if group == 1 {
-            return x;
-        }
-        let [batch, kv_heads, keys, head_dim] = x.dims();
-        x.reshape([batch, kv_heads, 1, keys, head_dim])
-            .expand([batch, kv_heads, group, keys, head_dim])
-            .reshape([batch, kv_heads * group, keys, head_dim])
+        repeat_kv(x, self.num_heads / self.num_kv_heads)
     }
 
-    /// Merges the heads' contexts and applies the output projection.
+    /// The output projection of the heads' merged contexts: the last step of every entry point.
     ///
     /// # Shapes
-    /// - `context`: `[batch, heads, seq, head_dim]`
+    /// - `context`: `[batch, seq, heads · head_dim]`
     /// - output: `[batch, seq, output_dim]`
-    pub(super) fn merge_and_project(&self, context: Tensor<B, 4>) -> Tensor<B, 3> {
-        projection::linear(
-            &self.output_layer,
-            merge_heads(context),
-            &self.packed_output,
-        )
+    pub(super) fn project_output(&self, context: Tensor<B, 3>) -> Tensor<B, 3> {
+        projection::linear(&self.output_layer, context, &self.packed_output)
     }
 }
 
@@ -139,14 +129,4 @@ pub(super) enum HeadLayout {
     SideBySide,
     /// `[batch, heads, seq, head_dim]`: PyTorch's `transpose(1, 2)` (the tensor ops' layout).
     Split,
-}
-
-/// The inverse of the head split: `transpose(1, 2).reshape(b, t, h·hd)`.
-///
-/// # Shapes
-/// - `x`: `[batch, heads, seq, head_dim]`
-/// - output: `[batch, seq, heads · head_dim]`
-fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
-    let [batch, heads, seq, head_dim] = x.dims();
-    x.swap_dims(1, 2).reshape([batch, seq, heads * head_dim])
 }

@@ -5,6 +5,7 @@
 use crate::common;
 
 use attention_core::mask::causal_mask;
+use attention_core::weights::LayerWeights;
 use attention_core::{AttentionInput, AttentionPath, MultiHeadAttentionConfig};
 use burn::backend::Autodiff;
 use burn::prelude::*;

@@ -16,7 +16,7 @@ use burn::tensor::{Bool, DType, Element, TensorData, TensorPrimitive};
 
 use super::host_cache::{HostStorage, with_host_kv};
 use super::kernel::{self, Dims, Forward, Inputs, KernelFloat, Scoring};
-use crate::attend::{ScoreRule, scale_for};
+use crate::score_rule::{ScoreRule, scale_for};
 use crate::kernels::inputs::KernelInputs;
 use crate::kernels::{CachedInputs, KvStorage, same_type};
 

@@ -6,14 +6,9 @@ use super::*;
 
 /// Deterministic values in [-2, 2).
 fn values(len: usize, seed: u64) -> Vec<f64> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0
-        })
+    test_support::values(len, seed)
+        .into_iter()
+        .map(|x| 2.0 * x)
         .collect()
 }
 
