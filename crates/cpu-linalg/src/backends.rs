@@ -11,7 +11,7 @@ use crate::products::{Reuse, products};
 use crate::products_op::tracked_products;
 
 /// The bare CPU backends of the list: adding one is a line here (and its buffers in
-/// `products.rs`'s `HostMatrix`).
+/// `host_matrix.rs`'s `HostMatrix`).
 macro_rules! for_each_host_backend {
     ($action:ident) => {
         #[cfg(feature = "ndarray")]

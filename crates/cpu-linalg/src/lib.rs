@@ -18,6 +18,7 @@
 pub mod activation;
 mod backends;
 mod elementwise;
+mod host_matrix;
 mod matvec;
 mod packed;
 mod prefill_blocking;

@@ -8,7 +8,7 @@
 
 use rayon::prelude::*;
 
-use super::products::Layout;
+use super::host_matrix::Layout;
 use super::simd;
 
 /// `x · weight + bias` for a few rows, each task reading its piece of the weight in place.

@@ -26,7 +26,7 @@ use memmap2::MmapMut;
 use rayon::prelude::*;
 
 use super::prefill_blocking::PrefillBlocking;
-use super::products::{HostMatrix, Layout};
+use super::host_matrix::{HostMatrix, Layout};
 use super::simd::{self, MAX_PRODUCT_ROWS, PANEL};
 
 /// Weights side by side, in panels of `PANEL` columns.
