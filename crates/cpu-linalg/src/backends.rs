@@ -2,7 +2,7 @@
 //! by type (Burn has no specialization): bare for the products and passes, and under `Autodiff`
 //! with either checkpointing strategy for the products with their own backward.
 
-use std::any::{Any, TypeId};
+use std::any::TypeId;
 
 use burn::prelude::*;
 
@@ -71,11 +71,4 @@ pub(crate) fn host_products<B: Backend, const D: usize, const N: usize>(
     }
     for_each_host_backend!(tracked);
     None
-}
-
-/// `value` as the type it is known (by its `TypeId`) to be.
-pub(crate) fn same_type<T: 'static, U: 'static>(value: T) -> U {
-    *(Box::new(value) as Box<dyn Any>)
-        .downcast::<U>()
-        .expect("the caller checked the type")
 }

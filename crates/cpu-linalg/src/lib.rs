@@ -19,6 +19,7 @@ pub mod activation;
 mod backends;
 mod elementwise;
 mod host_matrix;
+mod known_type;
 mod matvec;
 mod packed;
 mod prefill_blocking;

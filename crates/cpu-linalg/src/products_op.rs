@@ -17,7 +17,7 @@ use burn::tensor::ops::FloatTensor;
 
 use super::packed::PackedWeightsCache;
 use super::products::{Reuse, products};
-use crate::backends::same_type;
+use crate::known_type::into_known_type;
 
 /// [`products`] of `x` and `N` weights where `B` is `Autodiff<I, C>`, each output recorded with
 /// its backward; `None` (nothing recorded) where the products do not take the operands.
@@ -62,7 +62,7 @@ pub(crate) fn tracked_products<
             }
             None => record::<I, C, D, 2>([&x.tensor, &weight.tensor], saved, output),
         };
-        same_type(Tensor::<Autodiff<I, C>, D>::from_primitive(
+        into_known_type(Tensor::<Autodiff<I, C>, D>::from_primitive(
             TensorPrimitive::Float(output),
         ))
     }))
@@ -80,7 +80,7 @@ struct Tracked<I: Backend, C: CheckpointStrategy, const D: usize> {
 impl<I: Backend, C: CheckpointStrategy, const D: usize> Tracked<I, C, D> {
     /// `tensor`, of `B` = `Autodiff<I, C>`.
     fn of<B: Backend>(tensor: &Tensor<B, D>) -> Self {
-        let tensor: Tensor<Autodiff<I, C>, D> = same_type(tensor.clone());
+        let tensor: Tensor<Autodiff<I, C>, D> = into_known_type(tensor.clone());
         let tensor: Primitive<I, C> = tensor.into_primitive().tensor();
         let inner = Tensor::from_primitive(TensorPrimitive::Float(tensor.primitive.clone()));
         Self { tensor, inner }
