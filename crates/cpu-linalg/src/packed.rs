@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use memmap2::MmapMut;
 use rayon::prelude::*;
 
-use super::prefill_blocking::PrefillBlocking;
 use super::host_matrix::{HostMatrix, Layout};
+use super::prefill_blocking::PrefillBlocking;
 use super::simd::{self, MAX_PRODUCT_ROWS, PANEL};
 
 /// Weights side by side, in panels of `PANEL` columns.
@@ -81,7 +81,7 @@ impl PackedWeightsCache {
 
     /// Whether the packed copy holds the buffer `key` names.
     #[cfg(test)]
-    fn holds(&self, key: (usize, usize, Layout, usize)) -> bool {
+    pub(crate) fn holds(&self, key: (usize, usize, Layout, usize)) -> bool {
         self.lock()
             .as_ref()
             .is_some_and(|packed| packed.key().contains(&key))
@@ -611,11 +611,10 @@ impl Pass {
 
 #[cfg(test)]
 mod tests {
-    use burn::backend::{Flex, NdArray};
+    use burn::backend::Flex;
     use burn::prelude::*;
     use burn::tensor::Distribution;
 
-    use super::super::products::Reuse;
     use super::*;
 
     /// A plain `x · weight + bias`, row by row, in `f64`.
@@ -736,78 +735,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// A cache holds the weights of its last product, packed, and their buffers: a product with
-    /// another weight packs that one in place of the first, and once the cache is dropped (with
-    /// the module that owns it) the weight is again the sole holder of its buffer.
-    fn a_cache_holds_its_last_weights_until_dropped<B: Backend>() {
-        let device = Default::default();
-        let normal = Distribution::Normal(0.0, 1.0);
-        let x = Tensor::<B, 2>::random([2, 211], normal, &device);
-        let first = Tensor::<B, 2>::random([211, 97], normal, &device);
-        let second = Tensor::<B, 2>::random([211, 98], normal, &device);
-        let cache = PackedWeightsCache::default();
-        let product = |weight: Tensor<B, 2>| {
-            // The weight's buffer, held here only: once the tensor is dropped, whether anything
-            // else holds it says whether the cache does.
-            let host = HostMatrix::of(&weight).expect("a bare CPU backend");
-            crate::products::products(&x, [(&weight, None)], Reuse::Inference(&cache))
-                .expect("a bare CPU backend");
-            host
-        };
-        let first = product(first);
-        assert!(cache.holds(first.key()), "packed at its first product");
-        assert_eq!(first.sole_holder(), Some(false), "its buffer held");
-        let second = product(second);
-        assert!(cache.holds(second.key()), "the second weight packed");
-        assert!(!cache.holds(first.key()), "in place of the first");
-        assert_eq!(first.sole_holder(), Some(true), "the first let go");
-        let clone = cache.clone();
-        drop(cache);
-        assert!(clone.is_packed(), "a clone shares the packed copy");
-        assert_eq!(second.sole_holder(), Some(false), "held by the clone");
-        drop(clone);
-        assert_eq!(second.sole_holder(), Some(true), "let go with the cache");
-    }
-
-    /// A prefill's product packs its weights where they are parameters at inference, and reads
-    /// them in place (`gemm`) where an optimizer replaces them or they serve this product alone.
-    fn a_prefill_packs_only_parameters_at_inference<B: Backend>() {
-        let device = Default::default();
-        let normal = Distribution::Normal(0.0, 1.0);
-        let x = Tensor::<B, 2>::random([65, 213], normal, &device);
-        let weight = Tensor::<B, 2>::random([213, 99], normal, &device);
-        let key = HostMatrix::of(&weight).expect("a bare CPU backend").key();
-        let cache = PackedWeightsCache::default();
-        for reuse in [
-            Reuse::Training(&cache),
-            Reuse::Once,
-            Reuse::Inference(&cache),
-        ] {
-            crate::products::products(&x, [(&weight, None)], reuse).expect("a bare CPU backend");
-            let packed_at_inference = matches!(reuse, Reuse::Inference(_));
-            assert_eq!(cache.holds(key), packed_at_inference, "{reuse:?}");
-        }
-    }
-
-    #[test]
-    fn a_prefill_packs_only_parameters_at_inference_on_flex() {
-        a_prefill_packs_only_parameters_at_inference::<Flex>();
-    }
-
-    #[test]
-    fn a_prefill_packs_only_parameters_at_inference_on_ndarray() {
-        a_prefill_packs_only_parameters_at_inference::<NdArray>();
-    }
-
-    #[test]
-    fn a_cache_holds_its_last_weights_until_dropped_on_flex() {
-        a_cache_holds_its_last_weights_until_dropped::<Flex>();
-    }
-
-    #[test]
-    fn a_cache_holds_its_last_weights_until_dropped_on_ndarray() {
-        a_cache_holds_its_last_weights_until_dropped::<NdArray>();
     }
 }
