@@ -1,17 +1,22 @@
 //! The backends whose host buffers this crate reads and writes in place, in one list, recognised
 //! by type (Burn has no specialization): bare for the products and passes, and under `Autodiff`
 //! with either checkpointing strategy for the products with their own backward.
+//!
+//! A projection's backend is decided here, once per call: [`host_products`] compares it with the
+//! list and hands the tensors, as that backend's, to the products written for it (`products.rs`
+//! bare, `products_op.rs` under `Autodiff`), which read their buffers without asking again.
 
 use std::any::TypeId;
 
 use burn::prelude::*;
 
+use crate::known_type::into_known_type;
 use crate::packed::PackedWeightsCache;
 use crate::products::{Reuse, products};
 use crate::products_op::tracked_products;
 
-/// The bare CPU backends of the list: adding one is a line here (and its buffers in
-/// `host_matrix.rs`'s `HostMatrix`).
+/// The bare CPU backends of the list: adding one is a line here (and its `HostBackend` impl in
+/// `host_matrix.rs`, which says how its buffers are read).
 macro_rules! for_each_host_backend {
     ($action:ident) => {
         #[cfg(feature = "ndarray")]
@@ -53,22 +58,53 @@ pub(crate) fn host_products<B: Backend, const D: usize, const N: usize>(
 ) -> Option<[Tensor<B, D>; N]> {
     use burn::backend::Autodiff;
     use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, NoCheckpointing};
-    if is_bare_host::<B>() {
-        return products(x, weights, Reuse::Inference(cache));
-    }
     let id = TypeId::of::<B>();
-    macro_rules! tracked {
-        ($inner:ty) => {
-            if id == TypeId::of::<Autodiff<$inner, NoCheckpointing>>() {
-                return tracked_products::<B, $inner, NoCheckpointing, D, N>(x, weights, cache);
+    macro_rules! on_host {
+        ($backend:ty) => {
+            if id == TypeId::of::<$backend>() {
+                return as_known::<B, $backend, D, N>(x, weights, |x, weights| {
+                    products(x, weights, Reuse::Inference(cache))
+                });
             }
-            if id == TypeId::of::<Autodiff<$inner, BalancedCheckpointing>>() {
-                return tracked_products::<B, $inner, BalancedCheckpointing, D, N>(
-                    x, weights, cache,
-                );
+            if id == TypeId::of::<Autodiff<$backend, NoCheckpointing>>() {
+                type Tracked = Autodiff<$backend, NoCheckpointing>;
+                return as_known::<B, Tracked, D, N>(x, weights, |x, weights| {
+                    tracked_products(x, weights, cache)
+                });
+            }
+            if id == TypeId::of::<Autodiff<$backend, BalancedCheckpointing>>() {
+                type Tracked = Autodiff<$backend, BalancedCheckpointing>;
+                return as_known::<B, Tracked, D, N>(x, weights, |x, weights| {
+                    tracked_products(x, weights, cache)
+                });
             }
         };
     }
-    for_each_host_backend!(tracked);
+    for_each_host_backend!(on_host);
     None
+}
+
+/// `products` of the operands as `K`'s tensors, `K` being `B` (the caller compared their
+/// `TypeId`s), and their outputs as `B`'s again.
+fn as_known<B: Backend, K: Backend, const D: usize, const N: usize>(
+    x: &Tensor<B, D>,
+    weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
+    products: impl FnOnce(
+        &Tensor<K, D>,
+        [(&Tensor<K, 2>, Option<&Tensor<K, 1>>); N],
+    ) -> Option<[Tensor<K, D>; N]>,
+) -> Option<[Tensor<B, D>; N]> {
+    let x = into_known_type::<_, Tensor<K, D>>(x.clone());
+    let weights = weights.map(|(weight, bias)| {
+        let weight = into_known_type::<_, Tensor<K, 2>>(weight.clone());
+        let bias = bias.map(|bias| into_known_type::<_, Tensor<K, 1>>(bias.clone()));
+        (weight, bias)
+    });
+    let outputs = products(
+        &x,
+        weights
+            .each_ref()
+            .map(|(weight, bias)| (weight, bias.as_ref())),
+    )?;
+    Some(into_known_type::<_, [Tensor<B, D>; N]>(outputs))
 }

@@ -1,13 +1,48 @@
 //! A matrix in a bare CPU backend's buffer, read in place by the products (`products.rs`,
 //! `matvec.rs`, `packed.rs`): [`HostMatrix`], which lends the buffer's floats and holds the tensor
-//! that owns them, and [`Layout`], how its elements lie. Every module of the products imports
-//! them from here, and this module imports none of those.
-
-use std::any::Any;
+//! that owns them, [`Layout`], how its elements lie, and [`HostBackend`], the backends whose
+//! buffers it reads, each telling how. Every module of the products imports them from here, and
+//! this module imports none of those.
 
 use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use ndarray::{ArrayView2, ShapeBuilder};
+
+/// A bare CPU backend of `backends.rs`'s list, whose float tensors' buffers [`HostMatrix`] reads:
+/// code given one of these backends' tensors reads them as its own, without asking their type
+/// again.
+pub(crate) trait HostBackend: Backend {
+    /// `tensor`'s buffer as a matrix of `columns` columns, or `None` where its elements are not
+    /// `f32` or lie neither row- nor column-major.
+    fn host_matrix(tensor: Self::FloatTensorPrimitive, columns: usize) -> Option<HostMatrix>;
+}
+
+#[cfg(feature = "flex")]
+impl HostBackend for burn::backend::Flex {
+    fn host_matrix(tensor: burn::backend::flex::FlexTensor, columns: usize) -> Option<HostMatrix> {
+        HostMatrix::of_flex(tensor, columns)
+    }
+}
+
+#[cfg(feature = "ndarray")]
+impl HostBackend for burn::backend::NdArray<f32> {
+    fn host_matrix(
+        tensor: burn::backend::ndarray::NdArrayTensor,
+        columns: usize,
+    ) -> Option<HostMatrix> {
+        HostMatrix::of_ndarray(tensor, columns)
+    }
+}
+
+#[cfg(feature = "ndarray")]
+impl HostBackend for burn::backend::NdArray<f64> {
+    fn host_matrix(
+        tensor: burn::backend::ndarray::NdArrayTensor,
+        columns: usize,
+    ) -> Option<HostMatrix> {
+        HostMatrix::of_ndarray(tensor, columns)
+    }
+}
 
 /// How a matrix's elements lie in its buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,50 +88,49 @@ enum Primitive {
 }
 
 impl HostMatrix {
-    /// `matrix`'s `f32` buffer, row- or column-major, or `None` for any other backend (under
-    /// `Autodiff` too: `products_op.rs` hands over the inner backend's tensors), dtype or layout.
-    pub(crate) fn of<B: Backend>(matrix: &Tensor<B, 2>) -> Option<Self> {
+    /// `matrix`'s `f32` buffer, row- or column-major, or `None` for another dtype or layout.
+    /// Under `Autodiff`, `products_op.rs` hands over the inner backend's tensors.
+    pub(crate) fn of<B: HostBackend>(matrix: &Tensor<B, 2>) -> Option<Self> {
         let columns = matrix.dims()[1];
-        let TensorPrimitive::Float(primitive) = matrix.clone().into_primitive() else {
+        let TensorPrimitive::Float(tensor) = matrix.clone().into_primitive() else {
             return None;
         };
-        let primitive: Box<dyn Any> = Box::new(primitive);
-        #[cfg(feature = "flex")]
-        let primitive = match primitive.downcast::<burn::backend::flex::FlexTensor>() {
-            Ok(tensor) => {
-                let (tensor, layout) = match tensor.as_slice::<f32>() {
-                    Some(_) => (*tensor, Layout::RowMajor),
-                    None => (tensor.transpose(0, 1), Layout::ColumnMajor),
-                };
-                let matrix = Self {
-                    primitive: Primitive::Flex(tensor),
-                    layout,
-                    columns,
-                };
-                return matrix.readable().then_some(matrix);
-            }
-            Err(other) => other,
+        B::host_matrix(tensor, columns)
+    }
+
+    /// A burn-flex tensor's buffer: row-major where it is one contiguous piece, else read as the
+    /// transpose of its transpose.
+    #[cfg(feature = "flex")]
+    fn of_flex(tensor: burn::backend::flex::FlexTensor, columns: usize) -> Option<Self> {
+        let (tensor, layout) = if tensor.as_slice::<f32>().is_some() {
+            (tensor, Layout::RowMajor)
+        } else {
+            (tensor.transpose(0, 1), Layout::ColumnMajor)
         };
-        #[cfg(feature = "ndarray")]
-        if let Ok(tensor) = primitive.downcast::<burn::backend::ndarray::NdArrayTensor>() {
-            use burn::backend::ndarray::NdArrayTensor;
-            let NdArrayTensor::F32(storage) = &*tensor else {
-                return None;
-            };
-            let layout = match storage.view().to_slice() {
-                Some(_) => Layout::RowMajor,
-                None => Layout::ColumnMajor,
-            };
-            let matrix = Self {
-                primitive: Primitive::NdArray(*tensor),
-                layout,
-                columns,
-            };
-            return matrix.readable().then_some(matrix);
-        }
-        #[cfg(not(feature = "ndarray"))]
-        let _ = primitive;
-        None
+        let matrix = Self {
+            primitive: Primitive::Flex(tensor),
+            layout,
+            columns,
+        };
+        matrix.readable().then_some(matrix)
+    }
+
+    /// A burn-ndarray tensor's `f32` buffer, in whichever layout its view lies.
+    #[cfg(feature = "ndarray")]
+    fn of_ndarray(tensor: burn::backend::ndarray::NdArrayTensor, columns: usize) -> Option<Self> {
+        let burn::backend::ndarray::NdArrayTensor::F32(storage) = &tensor else {
+            return None;
+        };
+        let layout = match storage.view().to_slice() {
+            Some(_) => Layout::RowMajor,
+            None => Layout::ColumnMajor,
+        };
+        let matrix = Self {
+            primitive: Primitive::NdArray(tensor),
+            layout,
+            columns,
+        };
+        matrix.readable().then_some(matrix)
     }
 
     /// The number of rows (`k` of a weight).

@@ -18,16 +18,17 @@ use burn::tensor::{DType, TensorData};
 use ndarray::{ArrayViewMut2, Axis, s};
 use rayon::prelude::*;
 
-use crate::host_matrix::{HostMatrix, Layout};
+use crate::host_matrix::{HostBackend, HostMatrix, Layout};
 use crate::matvec;
 use crate::packed::{self, PackedWeightsCache};
 use crate::simd::{self, MAX_PRODUCT_ROWS};
 
 /// The products of one input with `N` weights (and their biases), `x · weight + bias` each,
-/// computed here, or `None` (nothing consumed) where Burn's matmul should run them: a backend
-/// other than bare ndarray or flex, a dtype other than `f32`, an empty product, or a weight that
-/// is a view neither row- nor column-major. At a decoding step's few rows their tasks run side
-/// by side, so that a layer's three projections are one parallel pass over the three weights.
+/// computed here, or `None` (nothing consumed) where Burn's matmul should run them: a dtype
+/// other than `f32`, an empty product, or a weight that is a view neither row- nor column-major.
+/// The backend is known by the type (`backends.rs` chose it); the dtype is checked here, once,
+/// before any operand is read. At a decoding step's few rows their tasks run side by side, so
+/// that a layer's three projections are one parallel pass over the three weights.
 ///
 /// The outputs are made in their shape, not reshaped from `[rows, out_i]`: burn-ndarray would
 /// give a reshape's axes of length 1 strides its own ops do not take for contiguous, and copy
@@ -36,7 +37,7 @@ use crate::simd::{self, MAX_PRODUCT_ROWS};
 /// # Shapes
 /// - `x`: `[..., in]`; each weight `[in, out_i]` (any layout), each bias `[out_i]`
 /// - outputs: `[..., out_i]`
-pub(crate) fn products<B: Backend, const D: usize, const N: usize>(
+pub(crate) fn products<B: HostBackend, const D: usize, const N: usize>(
     x: &Tensor<B, D>,
     weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
     reuse: Reuse,
@@ -44,11 +45,14 @@ pub(crate) fn products<B: Backend, const D: usize, const N: usize>(
     let dims = x.dims();
     let k = dims[D - 1];
     let rows: usize = dims[..D - 1].iter().product();
-    let takes = |weight: &Tensor<B, 2>| {
+    let takes = |(weight, bias): &(&Tensor<B, 2>, Option<&Tensor<B, 1>>)| {
         let [k_weight, n] = weight.dims();
-        k_weight == k && n > 0 && weight.dtype() == DType::F32
+        k_weight == k
+            && n > 0
+            && weight.dtype() == DType::F32
+            && bias.is_none_or(|bias| bias.dtype() == DType::F32)
     };
-    if rows == 0 || k == 0 || x.dtype() != DType::F32 || !weights.iter().all(|(w, _)| takes(w)) {
+    if rows == 0 || k == 0 || x.dtype() != DType::F32 || !weights.iter().all(takes) {
         return None;
     }
     let mut operands = Vec::with_capacity(N);
@@ -193,13 +197,13 @@ fn floats(data: TensorData) -> Option<Vec<f32>> {
 
 #[cfg(test)]
 mod tests {
-    use burn::backend::{Autodiff, Flex, NdArray};
+    use burn::backend::{Flex, NdArray};
     use burn::tensor::{Distribution, TensorPrimitive};
 
     use super::*;
 
     /// One product on the CPU kernel.
-    fn product<B: Backend>(
+    fn product<B: HostBackend>(
         x: &Tensor<B, 2>,
         weight: &Tensor<B, 2>,
         bias: Option<&Tensor<B, 1>>,
@@ -251,7 +255,7 @@ mod tests {
     /// not multiples of the 16 lanes nor the packed panels, both weight layouts, with and without
     /// a bias, and inputs and outputs wide enough that a prefill takes its features and its
     /// panels a few at a time.
-    fn equals_burns_product<B: Backend>() {
+    fn equals_burns_product<B: HostBackend>() {
         let device = Default::default();
         let caches = Default::default();
         for (rows, k, n) in [
@@ -297,7 +301,7 @@ mod tests {
     /// Several weights of one input (queries, keys, values of different widths, one without a
     /// bias: packed side by side, panels hold columns of two or three of them), at a decoding
     /// step's rows and a prefill's, every [`Reuse`], and an input that is a transposed view.
-    fn several_weights_equal_burns<B: Backend>() {
+    fn several_weights_equal_burns<B: HostBackend>() {
         let device = Default::default();
         let caches = Default::default();
         let normal = Distribution::Normal(0.0, 1.0);
@@ -359,10 +363,12 @@ mod tests {
         }
     }
 
-    /// Other float types, `Autodiff` and mismatched widths are Burn's to compute.
+    /// Other float types and mismatched widths are Burn's to compute. (`Autodiff` tensors never
+    /// reach [`products`], whose bound takes a bare backend's only: `backends.rs` hands their inner
+    /// tensors to `products_op.rs`.)
     #[test]
     fn leaves_what_it_does_not_take_to_burn() {
-        fn taken<B: Backend>(rows: usize, dtype: DType) -> bool {
+        fn taken<B: HostBackend>(rows: usize, dtype: DType) -> bool {
             let device = Default::default();
             let x = Tensor::<B, 2>::ones([rows, 4], (&device, dtype));
             let weight = Tensor::ones([4, 3], (&device, dtype));
@@ -374,8 +380,6 @@ mod tests {
         assert!(taken::<NdArray>(100, DType::F32));
         assert!(!taken::<NdArray<f64>>(1, DType::F64));
         assert!(!taken::<Flex>(1, DType::F64));
-        assert!(!taken::<Autodiff<Flex>>(1, DType::F32));
-        assert!(!taken::<Autodiff<Flex>>(100, DType::F32));
         let device = Default::default();
         let x = Tensor::<Flex, 2>::ones([2, 4], &device);
         let narrow = Tensor::<Flex, 2>::ones([3, 5], &device);
@@ -386,7 +390,7 @@ mod tests {
     /// A cache holds the weights of its last product, packed, and their buffers: a product with
     /// another weight packs that one in place of the first, and once the cache is dropped (with
     /// the module that owns it) the weight is again the sole holder of its buffer.
-    fn a_cache_holds_its_last_weights_until_dropped<B: Backend>() {
+    fn a_cache_holds_its_last_weights_until_dropped<B: HostBackend>() {
         let device = Default::default();
         let normal = Distribution::Normal(0.0, 1.0);
         let x = Tensor::<B, 2>::random([2, 211], normal, &device);
@@ -417,7 +421,7 @@ mod tests {
 
     /// A prefill's product packs its weights where they are parameters at inference, and reads
     /// them in place (`gemm`) where an optimizer replaces them or they serve this product alone.
-    fn a_prefill_packs_only_parameters_at_inference<B: Backend>() {
+    fn a_prefill_packs_only_parameters_at_inference<B: HostBackend>() {
         let device = Default::default();
         let normal = Distribution::Normal(0.0, 1.0);
         let x = Tensor::<B, 2>::random([65, 213], normal, &device);

@@ -17,25 +17,28 @@ use burn::tensor::ops::FloatTensor;
 
 use super::packed::PackedWeightsCache;
 use super::products::{Reuse, products};
-use crate::known_type::into_known_type;
+use crate::host_matrix::HostBackend;
 
-/// [`products`] of `x` and `N` weights where `B` is `Autodiff<I, C>`, each output recorded with
-/// its backward; `None` (nothing recorded) where the products do not take the operands.
+/// [`products`] of `x` and `N` weights under `Autodiff`, on the inner backend's buffers, each
+/// output recorded with its backward; `None` (nothing recorded) where the products do not take
+/// the operands.
 ///
 /// # Shapes
 /// - `x`: `[..., in]`; each weight `[in, out_i]`, each bias `[out_i]`
 /// - outputs: `[..., out_i]`
 pub(crate) fn tracked_products<
-    B: Backend,
-    I: Backend,
+    I: HostBackend,
     C: CheckpointStrategy,
     const D: usize,
     const N: usize,
 >(
-    x: &Tensor<B, D>,
-    weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
+    x: &Tensor<Autodiff<I, C>, D>,
+    weights: [(
+        &Tensor<Autodiff<I, C>, 2>,
+        Option<&Tensor<Autodiff<I, C>, 1>>,
+    ); N],
     cache: &PackedWeightsCache,
-) -> Option<[Tensor<B, D>; N]> {
+) -> Option<[Tensor<Autodiff<I, C>, D>; N]> {
     let x = Tracked::<I, C, D>::of(x);
     let weights = weights.map(|(weight, bias)| {
         let bias = bias.map(Tracked::<I, C, 1>::of);
@@ -62,9 +65,7 @@ pub(crate) fn tracked_products<
             }
             None => record::<I, C, D, 2>([&x.tensor, &weight.tensor], saved, output),
         };
-        into_known_type(Tensor::<Autodiff<I, C>, D>::from_primitive(
-            TensorPrimitive::Float(output),
-        ))
+        Tensor::<Autodiff<I, C>, D>::from_primitive(TensorPrimitive::Float(output))
     }))
 }
 
@@ -78,10 +79,9 @@ struct Tracked<I: Backend, C: CheckpointStrategy, const D: usize> {
 }
 
 impl<I: Backend, C: CheckpointStrategy, const D: usize> Tracked<I, C, D> {
-    /// `tensor`, of `B` = `Autodiff<I, C>`.
-    fn of<B: Backend>(tensor: &Tensor<B, D>) -> Self {
-        let tensor: Tensor<Autodiff<I, C>, D> = into_known_type(tensor.clone());
-        let tensor: Primitive<I, C> = tensor.into_primitive().tensor();
+    /// `tensor` and its inner tensor.
+    fn of(tensor: &Tensor<Autodiff<I, C>, D>) -> Self {
+        let tensor: Primitive<I, C> = tensor.clone().into_primitive().tensor();
         let inner = Tensor::from_primitive(TensorPrimitive::Float(tensor.primitive.clone()));
         Self { tensor, inner }
     }
@@ -90,7 +90,7 @@ impl<I: Backend, C: CheckpointStrategy, const D: usize> Tracked<I, C, D> {
 /// `output` as a node whose parents are `parents`' nodes (input, weight and, where there is
 /// one, bias) and whose backward is [`ProductBackward`]; untracked when no parent requires a
 /// gradient.
-fn record<I: Backend, C: CheckpointStrategy, const D: usize, const N: usize>(
+fn record<I: HostBackend, C: CheckpointStrategy, const D: usize, const N: usize>(
     parents: [&Primitive<I, C>; N],
     saved: Saved<I, D>,
     output: FloatTensor<I>,
@@ -118,7 +118,7 @@ struct Saved<I: Backend, const D: usize> {
     weight: Tensor<I, 2>,
 }
 
-impl<I: Backend, const D: usize, const N: usize> Backward<I, N> for ProductBackward<D> {
+impl<I: HostBackend, const D: usize, const N: usize> Backward<I, N> for ProductBackward<D> {
     type State = Saved<I, D>;
 
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -147,7 +147,7 @@ impl<I: Backend, const D: usize, const N: usize> Backward<I, N> for ProductBackw
 }
 
 /// `a · b` on [`products`], or Burn's matmul where they do not take it.
-fn product<I: Backend, const D: usize>(a: &Tensor<I, D>, b: Tensor<I, 2>) -> Tensor<I, D> {
+fn product<I: HostBackend, const D: usize>(a: &Tensor<I, D>, b: Tensor<I, 2>) -> Tensor<I, D> {
     match products(a, [(&b, None)], Reuse::Once) {
         Some([product]) => product,
         None => a.clone().matmul(b.unsqueeze()),
