@@ -12,7 +12,7 @@ use burn::prelude::*;
 
 use crate::known_type::into_known_type;
 use crate::packed::PackedWeightsCache;
-use crate::products::{Reuse, products};
+use crate::products::{Packing, products};
 use crate::products_op::tracked_products;
 
 /// The bare CPU backends of the list: adding one is a line here (and its `HostBackend` impl in
@@ -63,7 +63,7 @@ pub(crate) fn host_products<B: Backend, const D: usize, const N: usize>(
         ($backend:ty) => {
             if id == TypeId::of::<$backend>() {
                 return as_known::<B, $backend, D, N>(x, weights, |x, weights| {
-                    products(x, weights, Reuse::Inference(cache))
+                    products(x, weights, Packing::Always(cache))
                 });
             }
             if id == TypeId::of::<Autodiff<$backend, NoCheckpointing>>() {

@@ -69,18 +69,19 @@ impl Layout {
     }
 }
 
-/// A 2-D `f32` tensor's buffer on a bare CPU backend, borrowed (the tensor's primitive keeps it
-/// alive).
+/// A 2-D `f32` tensor's buffer on a bare CPU backend, borrowed (the tensor it holds keeps the
+/// buffer alive).
 #[derive(Clone)]
 pub(crate) struct HostMatrix {
-    primitive: Primitive,
+    tensor: HostTensor,
     pub(crate) layout: Layout,
     pub(crate) columns: usize,
 }
 
-/// The backends whose float buffers this module reads in place.
+/// The bare backend's tensor that owns a [`HostMatrix`]'s buffer, one variant per backend whose
+/// float buffers this module reads in place.
 #[derive(Clone)]
-enum Primitive {
+enum HostTensor {
     #[cfg(feature = "flex")]
     Flex(burn::backend::flex::FlexTensor),
     #[cfg(feature = "ndarray")]
@@ -108,7 +109,7 @@ impl HostMatrix {
             (tensor.transpose(0, 1), Layout::ColumnMajor)
         };
         let matrix = Self {
-            primitive: Primitive::Flex(tensor),
+            tensor: HostTensor::Flex(tensor),
             layout,
             columns,
         };
@@ -126,7 +127,7 @@ impl HostMatrix {
             None => Layout::ColumnMajor,
         };
         let matrix = Self {
-            primitive: Primitive::NdArray(tensor),
+            tensor: HostTensor::NdArray(tensor),
             layout,
             columns,
         };
@@ -142,11 +143,11 @@ impl HostMatrix {
     /// dropped), or `None` where that cannot be told: burn-ndarray's buffers borrowed from
     /// outside (a zero-copy load), which are never written but whose lifetime is not counted.
     pub(crate) fn sole_holder(&self) -> Option<bool> {
-        match &self.primitive {
+        match &self.tensor {
             #[cfg(feature = "flex")]
-            Primitive::Flex(tensor) => Some(tensor.is_unique()),
+            HostTensor::Flex(tensor) => Some(tensor.is_unique()),
             #[cfg(feature = "ndarray")]
-            Primitive::NdArray(tensor) => match tensor {
+            HostTensor::NdArray(tensor) => match tensor {
                 burn::backend::ndarray::NdArrayTensor::F32(storage) if storage.is_owned() => {
                     Some(storage.is_unique())
                 }
@@ -178,11 +179,11 @@ impl HostMatrix {
     }
 
     fn slice(&self) -> Option<&[f32]> {
-        match &self.primitive {
+        match &self.tensor {
             #[cfg(feature = "flex")]
-            Primitive::Flex(tensor) => tensor.as_slice::<f32>(),
+            HostTensor::Flex(tensor) => tensor.as_slice::<f32>(),
             #[cfg(feature = "ndarray")]
-            Primitive::NdArray(tensor) => match tensor {
+            HostTensor::NdArray(tensor) => match tensor {
                 burn::backend::ndarray::NdArrayTensor::F32(storage) => match self.layout {
                     Layout::RowMajor => storage.view().to_slice(),
                     Layout::ColumnMajor => storage.view().reversed_axes().to_slice(),

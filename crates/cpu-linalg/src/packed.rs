@@ -248,8 +248,8 @@ impl PackedWeights {
     /// as the blocking asks per thread; where there are still fewer blocks than threads, each
     /// block's panels are cut in runs, one task per thread: each task then reads its part of the
     /// weights, where smaller blocks would each read all of them. Otherwise the blocks that one
-    /// piece of rayon's split of the tasks takes in turn are turned in one set of buffers: a call
-    /// holds a few blocks' inputs by feature at once, not all of its rows'.
+    /// piece of rayon's split of the tasks takes in turn are transposed in one set of buffers: a
+    /// call holds a few blocks' inputs by feature at once, not all of its rows'.
     ///
     /// # Shapes
     /// - `x`: `[rows, k]` row-major; `biases[i]`: `[n_i]`
@@ -305,7 +305,7 @@ impl PackedWeights {
                     // new buffers for each block would be mapped afresh (as large ones are, once
                     // freed).
                     None => {
-                        Pass::remake(own, x, k, &blocks[block]);
+                        Pass::refill(own, x, k, &blocks[block]);
                         own.iter().collect()
                     }
                     // The tasks of one block start at passes spread over it, so that they make
@@ -500,8 +500,8 @@ fn segments(widths: &[usize]) -> Vec<Vec<Segment>> {
     segments
 }
 
-/// The features of a pass's inputs [`Pass::new`] turns feature-major at a time.
-const FEATURES_TURNED_AT_ONCE: usize = 256;
+/// The features of a pass's inputs [`Pass::transpose_rows`] writes feature-major at a time.
+const FEATURES_TRANSPOSED_AT_ONCE: usize = 256;
 
 /// Zeroed memory for `floats` packed floats: pages of their own, so that the panels start at a
 /// cache line (no vector load of a panel's `PANEL` weights spans two) and, on Linux, in 2 MiB
@@ -569,23 +569,25 @@ impl Pass {
             rows: rows.len(),
             x_by_feature: Vec::new(),
         };
-        pass.turn(x, k, rows);
+        pass.transpose_rows(x, k, rows);
         pass
     }
 
-    /// `passes` made the passes of `x`'s rows in `ranges`, in the buffers they had.
-    fn remake(passes: &mut Vec<Self>, x: &[f32], k: usize, ranges: &[Range<usize>]) {
+    /// `passes` refilled with the passes of `x`'s rows in `ranges`, each in the buffer of the
+    /// pass it replaces (passes beyond `ranges` dropped, new ones added where there are more).
+    fn refill(passes: &mut Vec<Self>, x: &[f32], k: usize, ranges: &[Range<usize>]) {
         passes.truncate(ranges.len());
         for (index, rows) in ranges.iter().enumerate() {
             match passes.get_mut(index) {
-                Some(pass) => pass.turn(x, k, rows.clone()),
+                Some(pass) => pass.transpose_rows(x, k, rows.clone()),
                 None => passes.push(Self::new(x, k, rows.clone())),
             }
         }
     }
 
-    /// This pass made the pass of `x`'s `rows`, in its buffer.
-    fn turn(&mut self, x: &[f32], k: usize, rows: Range<usize>) {
+    /// This pass made the pass of `x`'s `rows`: their inputs transposed to feature-major
+    /// (`[k, rows]`), in its buffer.
+    fn transpose_rows(&mut self, x: &[f32], k: usize, rows: Range<usize>) {
         let count = rows.len();
         (self.first, self.rows) = (rows.start, count);
         let x = &x[rows.start * k..rows.end * k];
@@ -595,10 +597,10 @@ impl Pass {
         // A run of features at a time, each row's in turn: the run's writes, `count` floats
         // apart, stay in the first-level cache, where a row's whole `k` would not.
         for (run, x_by_feature) in x_by_feature
-            .chunks_mut(FEATURES_TURNED_AT_ONCE * count)
+            .chunks_mut(FEATURES_TRANSPOSED_AT_ONCE * count)
             .enumerate()
         {
-            let first = run * FEATURES_TURNED_AT_ONCE;
+            let first = run * FEATURES_TRANSPOSED_AT_ONCE;
             let features = first..first + x_by_feature.len() / count;
             for (row, x) in x.chunks_exact(k).enumerate() {
                 for (feature, &x) in x[features.clone()].iter().enumerate() {
@@ -658,16 +660,16 @@ mod tests {
         }
     }
 
-    /// A pass holds its rows' inputs feature by feature, over more features than it turns at
-    /// once, and rows that do not start at the first, made anew or in the buffer of a pass of
-    /// other rows.
+    /// A pass holds its rows' inputs feature by feature, over more features than it transposes
+    /// at once, and rows that do not start at the first, made anew or refilled in the buffer of a
+    /// pass of other rows.
     #[test]
     fn a_pass_holds_its_rows_by_feature() {
-        let k = 2 * FEATURES_TURNED_AT_ONCE + 37;
+        let k = 2 * FEATURES_TRANSPOSED_AT_ONCE + 37;
         let x: Vec<f32> = (0..9 * k).map(|i| i as f32).collect();
-        let mut remade = vec![Pass::new(&x, k, 0..9), Pass::new(&x, k, 0..2)];
-        Pass::remake(&mut remade, &x, k, std::slice::from_ref(&(3..8)));
-        for pass in [Pass::new(&x, k, 3..8), remade.pop().expect("one pass")] {
+        let mut refilled = vec![Pass::new(&x, k, 0..9), Pass::new(&x, k, 0..2)];
+        Pass::refill(&mut refilled, &x, k, std::slice::from_ref(&(3..8)));
+        for pass in [Pass::new(&x, k, 3..8), refilled.pop().expect("one pass")] {
             assert_eq!((pass.first, pass.rows), (3, 5));
             assert_eq!(pass.x_by_feature.len(), 5 * k);
             for feature in 0..k {
@@ -681,14 +683,14 @@ mod tests {
                 }
             }
         }
-        assert!(remade.is_empty(), "the second pass is dropped");
+        assert!(refilled.is_empty(), "the second pass is dropped");
     }
 
     /// A prefill's products add each output's terms in the order a decoding step's do, whatever
     /// its blocks of rows, runs of panels, passes, groups of panels and runs of features: the same
     /// bits as the rows taken one at a time, for weights packed side by side on widths that end
     /// inside a panel and inside a run of features, on 1 to 3 threads (which cut the work in
-    /// other tiles: blocks that are one task's, whose inputs are turned in the buffers of the
+    /// other tiles: blocks that are one task's, whose inputs are transposed in the buffers of the
     /// block taken before in the same piece of rayon's split, of as many passes or fewer, and
     /// blocks cut in runs), with either measured [`PrefillBlocking`], whatever this CPU's.
     #[test]

@@ -1,7 +1,7 @@
 //! Projections, `x · weight + bias`, on the bare CPU backends: on weights packed once in
 //! panels (`packed.rs`), the weights of one input packed side by side and multiplied as one —
 //! a decoding step's few rows split over the panels, a prefill's rows in blocks, one per task;
-//! where packing does not pay ([`Reuse`]) or a buffer's lifetime cannot be followed, a decoding
+//! where packing does not pay ([`Packing`]) or a buffer's lifetime cannot be followed, a decoding
 //! step's rows on `matvec.rs`'s loops over the weights in place and more rows on `gemm` over the
 //! whole `[rows, in]` buffer (batch and sequence as one dimension, one block of rows or columns
 //! per thread, the bias added in the same pass), every operand read where it lies.
@@ -40,7 +40,7 @@ use crate::simd::{self, MAX_PRODUCT_ROWS};
 pub(crate) fn products<B: HostBackend, const D: usize, const N: usize>(
     x: &Tensor<B, D>,
     weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
-    reuse: Reuse,
+    packing: Packing,
 ) -> Option<[Tensor<B, D>; N]> {
     let dims = x.dims();
     let k = dims[D - 1];
@@ -83,14 +83,14 @@ pub(crate) fn products<B: HostBackend, const D: usize, const N: usize>(
     };
     let biases: Vec<Option<&[f32]>> = operands.iter().map(|(_, bias)| bias.as_deref()).collect();
     let outputs: Vec<Vec<f32>> = if rows <= MAX_PRODUCT_ROWS {
-        match reuse {
-            Reuse::Inference(cache) | Reuse::Training(cache) => packed_weights(cache),
-            Reuse::Once => None,
+        match packing {
+            Packing::Always(cache) | Packing::FewRowsOnly(cache) => packed_weights(cache),
+            Packing::Never => None,
         }
         .map(|packed| packed.product(x, rows, &biases))
         .unwrap_or_else(|| in_place(x, rows, &operands))
-    } else if let Some(packed) = match reuse {
-        Reuse::Inference(cache) if x_layout == Layout::RowMajor => packed_weights(cache),
+    } else if let Some(packed) = match packing {
+        Packing::Always(cache) if x_layout == Layout::RowMajor => packed_weights(cache),
         _ => None,
     } {
         packed.product_of_many_rows(x, rows, &biases)
@@ -110,20 +110,21 @@ pub(crate) fn products<B: HostBackend, const D: usize, const N: usize>(
     }))
 }
 
-/// How a product's weights are used after it: what packing them (`packed.rs`) buys, and the
-/// module's cache that keeps them packed.
+/// Whether a product packs its weights (`packed.rs`), at which row counts, and the module's cache
+/// that keeps them packed: what packing buys depends on how long the weights stay as they are.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Reuse<'a> {
-    /// Parameters that many calls use as they are (a model that prefills and decodes): packed
-    /// once, for products of any row count.
-    Inference(&'a PackedWeightsCache),
-    /// Parameters an optimizer step replaces: packed for a decoding step's few rows, where
-    /// reading them in place is slowest; more rows run on `gemm`, which packs per call what a
-    /// training step would pack anyway, and leaves the optimizer the only holder of its buffers.
-    Training(&'a PackedWeightsCache),
-    /// Operands of this product alone (a backward's gradient or transposed weight): read in
-    /// place.
-    Once,
+pub(crate) enum Packing<'a> {
+    /// At every row count, packed once: parameters that many calls use as they are (a model
+    /// that prefills and decodes).
+    Always(&'a PackedWeightsCache),
+    /// At a decoding step's few rows only, where reading the weights in place is slowest:
+    /// parameters an optimizer step replaces. More rows run on `gemm`, which packs per call what
+    /// a training step would pack anyway, and leaves the optimizer the only holder of its
+    /// buffers.
+    FewRowsOnly(&'a PackedWeightsCache),
+    /// Never, every operand read in place: operands of this product alone (a backward's gradient
+    /// or transposed weight).
+    Never,
 }
 
 /// A decoding step's products on each weight in place (`matvec.rs`'s loops), side by side.
@@ -207,20 +208,20 @@ mod tests {
         x: &Tensor<B, 2>,
         weight: &Tensor<B, 2>,
         bias: Option<&Tensor<B, 1>>,
-        reuse: Reuse,
+        packing: Packing,
     ) -> Option<Tensor<B, 2>> {
-        let [output] = products(x, [(weight, bias)], reuse)?;
+        let [output] = products(x, [(weight, bias)], packing)?;
         Some(output)
     }
 
     /// Every way of reading the weights: packed at every row count, packed for a decoding
     /// step's rows only (`gemm` for more), in place; each of the first two keeps its packed
     /// weights in a cache of its own, which each new weight packs anew.
-    fn reuses(caches: &[PackedWeightsCache; 2]) -> [Reuse<'_>; 3] {
+    fn packings(caches: &[PackedWeightsCache; 2]) -> [Packing<'_>; 3] {
         [
-            Reuse::Inference(&caches[0]),
-            Reuse::Training(&caches[1]),
-            Reuse::Once,
+            Packing::Always(&caches[0]),
+            Packing::FewRowsOnly(&caches[1]),
+            Packing::Never,
         ]
     }
 
@@ -250,7 +251,7 @@ mod tests {
         error.into_scalar().elem()
     }
 
-    /// [`product`] against Burn's matmul (plus bias), every [`Reuse`]: a decoding step's row
+    /// [`product`] against Burn's matmul (plus bias), every [`Packing`]: a decoding step's row
     /// counts (1 to 8) and a prefill's (9, 33, 40, 65, 130: several blocks of rows), widths that are
     /// not multiples of the 16 lanes nor the packed panels, both weight layouts, with and without
     /// a bias, and inputs and outputs wide enough that a prefill takes its features and its
@@ -278,10 +279,10 @@ mod tests {
             let bias = Tensor::<B, 1>::random([n], Distribution::Normal(0.0, 1.0), &device);
             for weight in [row_major, column_major] {
                 for bias in [None, Some(&bias)] {
-                    for reuse in reuses(&caches) {
-                        let ours = product(&x, &weight, bias, reuse).expect("a bare CPU backend");
+                    for packing in packings(&caches) {
+                        let ours = product(&x, &weight, bias, packing).expect("a bare CPU backend");
                         let error = error(ours, &x, &weight, bias);
-                        assert!(error <= 1e-6, "{rows}x{k}x{n} {reuse:?}: {error}");
+                        assert!(error <= 1e-6, "{rows}x{k}x{n} {packing:?}: {error}");
                     }
                 }
             }
@@ -300,7 +301,7 @@ mod tests {
 
     /// Several weights of one input (queries, keys, values of different widths, one without a
     /// bias: packed side by side, panels hold columns of two or three of them), at a decoding
-    /// step's rows and a prefill's, every [`Reuse`], and an input that is a transposed view.
+    /// step's rows and a prefill's, every [`Packing`], and an input that is a transposed view.
     fn several_weights_equal_burns<B: HostBackend>() {
         let device = Default::default();
         let caches = Default::default();
@@ -317,11 +318,11 @@ mod tests {
                     (&weights[1], Some(&biases[1])),
                     (&weights[2], None),
                 ];
-                for reuse in reuses(&caches) {
-                    let outputs = products(&x, pairs, reuse).expect("a bare CPU backend");
+                for packing in packings(&caches) {
+                    let outputs = products(&x, pairs, packing).expect("a bare CPU backend");
                     for (ours, (weight, bias)) in outputs.into_iter().zip(pairs) {
                         let error = error(ours, &x, weight, bias);
-                        assert!(error <= 1e-6, "{rows} rows {reuse:?}: {error}");
+                        assert!(error <= 1e-6, "{rows} rows {packing:?}: {error}");
                     }
                 }
             }
@@ -357,7 +358,7 @@ mod tests {
             let x = Tensor::<NdArray, 3>::ones(dims, &device);
             let cache = PackedWeightsCache::default();
             let [output] =
-                products(&x, [(&weight, None)], Reuse::Inference(&cache)).expect("bare ndarray");
+                products(&x, [(&weight, None)], Packing::Always(&cache)).expect("bare ndarray");
             let made = Tensor::<NdArray, 3>::zeros([dims[0], dims[1], 24], &device);
             assert_eq!(strides(output), strides(made), "{dims:?}");
         }
@@ -372,7 +373,7 @@ mod tests {
             let device = Default::default();
             let x = Tensor::<B, 2>::ones([rows, 4], (&device, dtype));
             let weight = Tensor::ones([4, 3], (&device, dtype));
-            product(&x, &weight, None, Reuse::Inference(&Default::default())).is_some()
+            product(&x, &weight, None, Packing::Always(&Default::default())).is_some()
         }
         assert!(taken::<Flex>(MAX_PRODUCT_ROWS, DType::F32));
         assert!(taken::<Flex>(MAX_PRODUCT_ROWS + 1, DType::F32));
@@ -384,7 +385,7 @@ mod tests {
         let x = Tensor::<Flex, 2>::ones([2, 4], &device);
         let narrow = Tensor::<Flex, 2>::ones([3, 5], &device);
         let cache = PackedWeightsCache::default();
-        assert!(product(&x, &narrow, None, Reuse::Inference(&cache)).is_none());
+        assert!(product(&x, &narrow, None, Packing::Always(&cache)).is_none());
     }
 
     /// A cache holds the weights of its last product, packed, and their buffers: a product with
@@ -401,7 +402,7 @@ mod tests {
             // The weight's buffer, held here only: once the tensor is dropped, whether anything
             // else holds it says whether the cache does.
             let host = HostMatrix::of(&weight).expect("a bare CPU backend");
-            products(&x, [(&weight, None)], Reuse::Inference(&cache)).expect("a bare CPU backend");
+            products(&x, [(&weight, None)], Packing::Always(&cache)).expect("a bare CPU backend");
             host
         };
         let first = product(first);
@@ -428,14 +429,14 @@ mod tests {
         let weight = Tensor::<B, 2>::random([213, 99], normal, &device);
         let key = HostMatrix::of(&weight).expect("a bare CPU backend").key();
         let cache = PackedWeightsCache::default();
-        for reuse in [
-            Reuse::Training(&cache),
-            Reuse::Once,
-            Reuse::Inference(&cache),
+        for packing in [
+            Packing::FewRowsOnly(&cache),
+            Packing::Never,
+            Packing::Always(&cache),
         ] {
-            products(&x, [(&weight, None)], reuse).expect("a bare CPU backend");
-            let packed_at_inference = matches!(reuse, Reuse::Inference(_));
-            assert_eq!(cache.holds(key), packed_at_inference, "{reuse:?}");
+            products(&x, [(&weight, None)], packing).expect("a bare CPU backend");
+            let packed_at_any_rows = matches!(packing, Packing::Always(_));
+            assert_eq!(cache.holds(key), packed_at_any_rows, "{packing:?}");
         }
     }
 

@@ -16,7 +16,7 @@ use burn::tensor::TensorPrimitive;
 use burn::tensor::ops::FloatTensor;
 
 use super::packed::PackedWeightsCache;
-use super::products::{Reuse, products};
+use super::products::{Packing, products};
 use crate::host_matrix::HostBackend;
 
 /// [`products`] of `x` and `N` weights under `Autodiff`, on the inner backend's buffers, each
@@ -49,7 +49,7 @@ pub(crate) fn tracked_products<
         weights
             .each_ref()
             .map(|(weight, bias)| (&weight.inner, bias.as_ref().map(|bias| &bias.inner))),
-        Reuse::Training(cache),
+        Packing::FewRowsOnly(cache),
     )?;
     let mut weights = weights.into_iter();
     Some(outputs.map(|output| {
@@ -69,19 +69,16 @@ pub(crate) fn tracked_products<
     }))
 }
 
-/// An `Autodiff` tensor's primitive (its graph node and inner tensor).
-type Primitive<I, C> = FloatTensor<Autodiff<I, C>>;
-
 /// An `Autodiff<I, C>` tensor, and its inner backend's tensor (the same buffer).
 struct Tracked<I: Backend, C: CheckpointStrategy, const D: usize> {
-    tensor: Primitive<I, C>,
+    tensor: FloatTensor<Autodiff<I, C>>,
     inner: Tensor<I, D>,
 }
 
 impl<I: Backend, C: CheckpointStrategy, const D: usize> Tracked<I, C, D> {
     /// `tensor` and its inner tensor.
     fn of(tensor: &Tensor<Autodiff<I, C>, D>) -> Self {
-        let tensor: Primitive<I, C> = tensor.clone().into_primitive().tensor();
+        let tensor: FloatTensor<Autodiff<I, C>> = tensor.clone().into_primitive().tensor();
         let inner = Tensor::from_primitive(TensorPrimitive::Float(tensor.primitive.clone()));
         Self { tensor, inner }
     }
@@ -91,10 +88,10 @@ impl<I: Backend, C: CheckpointStrategy, const D: usize> Tracked<I, C, D> {
 /// one, bias) and whose backward is [`ProductBackward`]; untracked when no parent requires a
 /// gradient.
 fn record<I: HostBackend, C: CheckpointStrategy, const D: usize, const N: usize>(
-    parents: [&Primitive<I, C>; N],
+    parents: [&FloatTensor<Autodiff<I, C>>; N],
     saved: Saved<I, D>,
     output: FloatTensor<I>,
-) -> Primitive<I, C> {
+) -> FloatTensor<Autodiff<I, C>> {
     match ProductBackward::<D>
         .prepare::<C>(parents.map(|parent| parent.node.clone()))
         .compute_bound()
@@ -148,7 +145,7 @@ impl<I: HostBackend, const D: usize, const N: usize> Backward<I, N> for ProductB
 
 /// `a · b` on [`products`], or Burn's matmul where they do not take it.
 fn product<I: HostBackend, const D: usize>(a: &Tensor<I, D>, b: Tensor<I, 2>) -> Tensor<I, D> {
-    match products(a, [(&b, None)], Reuse::Once) {
+    match products(a, [(&b, None)], Packing::Never) {
         Some([product]) => product,
         None => a.clone().matmul(b.unsqueeze()),
     }
