@@ -17,6 +17,7 @@
 
 pub mod activation;
 mod backends;
+mod cache_sizes;
 mod elementwise;
 mod host_matrix;
 mod known_type;

@@ -1,12 +1,22 @@
-//! How a prefill's panel products (`packed.rs`) cut their work on the CPU they run on.
+//! How a prefill's panel products (`packed.rs`) cut their work on the CPU they run on, chosen
+//! from the size of its first-level data cache (read in `cache_sizes.rs`).
 //!
 //! The register blocking follows the instruction set (`simd.rs`); how the rows and the features
 //! are cut around it follows the caches and the memory, which differ between machines with the
 //! same instruction set. The two kinds of core these products were measured on want different
 //! cuts (BENCHMARKS.md, "The CPU targets"): an Intel Xeon, whose cores read memory more slowly
-//! than an AMD EPYC's, gains from reading each weight once per call; the EPYC, whose third-level
-//! cache holds a call's weights, gains from keeping a pass's sums in registers over the whole of
-//! `k` and from giving every thread its own rows.
+//! than an AMD EPYC's, gains from reading each weight once per call and from runs of features
+//! whose part of a panel stays in its first-level cache beside a pass's inputs; the EPYC, whose
+//! third-level cache holds a call's weights and whose first-level cache is too small for such a
+//! run, gains from keeping a pass's sums in registers over the whole of `k` and from giving every
+//! thread its own rows. Of what the two machines' records give (their `lscpu`), the first-level
+//! data cache is what tells them apart and what the feature runs depend on, so the cut follows
+//! it: the Xeon's where a run fits, the EPYC's where it does not. The Xeon's third-level cache
+//! was never recorded, so the weights' side of the cut cannot follow its own property; it goes
+//! with the feature runs, as each pair was measured together.
+
+use crate::cache_sizes::CacheSizes;
+use crate::simd::{AVX512_PANEL_ROWS, PANEL};
 
 /// The cut of a prefill's product (see [`PrefillBlocking::for_this_cpu`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,9 +32,9 @@ pub(super) struct PrefillBlocking {
 }
 
 impl PrefillBlocking {
-    /// Measured on an Intel Xeon (Sapphire Rapids): runs of 256 features (a panel's part and a
-    /// pass's inputs fit its 48 KiB first-level cache), and few rows in one block whose panels
-    /// are cut in runs, so that each weight is read from memory once per call.
+    /// Measured on an Intel Xeon (Sapphire Rapids): runs of features (a panel's part and a pass's
+    /// inputs fit its first-level cache), and few rows in one block whose panels are cut in runs,
+    /// so that each weight is read from memory once per call.
     pub const READ_WEIGHTS_ONCE: Self = Self {
         features_at_once: 256,
         blocks_per_thread: 0,
@@ -38,12 +48,25 @@ impl PrefillBlocking {
         blocks_per_thread: 2,
     };
 
-    /// This CPU's cut: the EPYC's on AMD's cores, the Xeon's on every other.
+    /// The bytes a pass over one run of [`Self::READ_WEIGHTS_ONCE`]'s features reads again for
+    /// every pass of a block: the panel's weights for those features and the tallest pass's
+    /// inputs for them (AVX-512's).
+    const FEATURE_RUN_BYTES: usize =
+        Self::READ_WEIGHTS_ONCE.features_at_once * (PANEL + AVX512_PANEL_ROWS) * size_of::<f32>();
+
+    /// This CPU's cut, from its caches as read now.
     pub fn for_this_cpu() -> Self {
-        if cpu_vendor_is_amd() {
-            Self::ROWS_PER_THREAD
-        } else {
-            Self::READ_WEIGHTS_ONCE
+        Self::for_caches(CacheSizes::of_this_cpu())
+    }
+
+    /// The cut for a CPU with `caches`: the Xeon's where a core's first-level data cache holds a
+    /// run of features of a panel with a pass's inputs ([`Self::FEATURE_RUN_BYTES`]), the EPYC's
+    /// where it does not; the Xeon's where its size is unknown (the cut every CPU but AMD's had
+    /// before it was read).
+    pub fn for_caches(caches: CacheSizes) -> Self {
+        match caches.l1_data {
+            Some(bytes) if bytes < Self::FEATURE_RUN_BYTES => Self::ROWS_PER_THREAD,
+            _ => Self::READ_WEIGHTS_ONCE,
         }
     }
 
@@ -54,21 +77,6 @@ impl PrefillBlocking {
         let per_thread = (self.blocks_per_thread * threads).min(rows.div_ceil(pass));
         rows.div_ceil(max_block_rows).max(per_thread).max(1)
     }
-}
-
-/// Whether the CPU's vendor string (`cpuid` leaf 0) is AMD's.
-fn cpu_vendor_is_amd() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let leaf = std::arch::x86_64::__cpuid(0);
-        let vendor: Vec<u8> = [leaf.ebx, leaf.edx, leaf.ecx]
-            .iter()
-            .flat_map(|word| word.to_le_bytes())
-            .collect();
-        vendor == b"AuthenticAMD"
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 #[cfg(test)]
@@ -92,20 +100,72 @@ mod tests {
         assert_eq!(epyc.blocks(1024, 8, 14, 128), 16);
     }
 
-    /// This CPU's cut is one of the two measured ones, the EPYC's exactly where `cpuid` says
-    /// AMD (as `/proc/cpuinfo` does on Linux).
+    /// The Xeon's first-level data cache as its `lscpu` recorded it (BENCHMARKS.md, "The CPU
+    /// targets on an Intel Xeon") gets the cut measured there.
     #[test]
-    fn this_cpus_cut_follows_its_vendor() {
+    fn the_xeons_caches_get_the_xeons_cut() {
+        let xeon = CacheSizes {
+            l1_data: Some(48 << 10),
+        };
+        assert_eq!(
+            PrefillBlocking::for_caches(xeon),
+            PrefillBlocking::READ_WEIGHTS_ONCE
+        );
+    }
+
+    /// The EPYC's first-level data cache as its `lscpu` and Linux's cache listing recorded it
+    /// (BENCHMARKS.md, "The CPU targets, every row on one machine") gets the cut measured there.
+    #[test]
+    fn the_epycs_caches_get_the_epycs_cut() {
+        let epyc = CacheSizes {
+            l1_data: Some(32 << 10),
+        };
+        assert_eq!(
+            PrefillBlocking::for_caches(epyc),
+            PrefillBlocking::ROWS_PER_THREAD
+        );
+    }
+
+    /// Caches that could not be read get the Xeon's cut, as every CPU but AMD's did before.
+    #[test]
+    fn unknown_caches_get_the_xeons_cut() {
+        let unknown = CacheSizes { l1_data: None };
+        assert_eq!(
+            PrefillBlocking::for_caches(unknown),
+            PrefillBlocking::READ_WEIGHTS_ONCE
+        );
+    }
+
+    /// On either measured machine, this CPU's cut is the one measured on it, as it was when the
+    /// vendor chose it (the machine told by `/proc/cpuinfo` on Linux: the EPYC by its model, the
+    /// Xeon by its name and its AVX-512 half-precision, which its generation brought); on any
+    /// other, one of the two.
+    #[test]
+    fn this_cpus_cut_is_its_kinds() {
+        fn field<'a>(cpuinfo: &'a str, name: &str) -> Option<&'a str> {
+            cpuinfo.lines().find_map(|line| {
+                let (key, value) = line.split_once(':')?;
+                (key.trim() == name).then_some(value.trim())
+            })
+        }
         let cut = PrefillBlocking::for_this_cpu();
+        let measured = [
+            PrefillBlocking::READ_WEIGHTS_ONCE,
+            PrefillBlocking::ROWS_PER_THREAD,
+        ];
+        assert!(measured.contains(&cut), "{cut:?}");
         let Ok(cpuinfo) = std::fs::read_to_string("/proc/cpuinfo") else {
             return;
         };
-        let amd = cpuinfo
-            .lines()
-            .any(|line| line.starts_with("vendor_id") && line.trim_end().ends_with("AuthenticAMD"));
-        let expected = match amd {
-            true => PrefillBlocking::ROWS_PER_THREAD,
-            false => PrefillBlocking::READ_WEIGHTS_ONCE,
+        let entry = |name| field(&cpuinfo, name);
+        let half_precision = entry("flags")
+            .is_some_and(|flags| flags.split_whitespace().any(|flag| flag == "avx512_fp16"));
+        let expected = match (entry("model name"), entry("cpu family"), entry("model")) {
+            (Some("AMD EPYC"), Some("25"), Some("17")) => PrefillBlocking::ROWS_PER_THREAD,
+            (Some("Intel(R) Xeon(R) Processor"), _, _) if half_precision => {
+                PrefillBlocking::READ_WEIGHTS_ONCE
+            }
+            _ => return,
         };
         assert_eq!(cut, expected);
     }

@@ -325,7 +325,7 @@ pub(super) const PANEL: usize = 32;
 
 /// The rows one pass of [`rows_times_panels_f32`] takes on a CPU with AVX-512: their
 /// `rows × 2` sums, the panel's 2 weight vectors and a broadcast fill its 32 vector registers.
-const AVX512_PANEL_ROWS: usize = 14;
+pub(crate) const AVX512_PANEL_ROWS: usize = 14;
 
 /// The rows of a pass with AVX2: `rows × 4` sums and 4 weight vectors in its 16 registers.
 const AVX2_PANEL_ROWS: usize = 3;
