@@ -9,7 +9,20 @@
 //! - [`rotated_in_place`]: rotary embeddings' turn of every head in one pass.
 //! - [`simd`]: the vector-width loops under all of it and under attention-core's CPU attention
 //!   kernel — the workspace's one module with `unsafe` (CONTRIBUTING.md).
-//! - `backends.rs`: which backends' buffers these loops read, in one list.
+//!
+//! The private modules under them, each importing only modules after it in this list (and
+//! [`simd`]), so that no two import each other in a circle:
+//! - `elementwise.rs`: the vectorized passes of [`activation`] and [`rotated_in_place`];
+//! - `backends.rs`: which backends' buffers these loops read, in one list, and the one place a
+//!   projection's backend is decided;
+//! - `products_op.rs`: the products under `Autodiff`, with their own backward;
+//! - `products.rs`: the bare products, and which path takes them;
+//! - `matvec.rs`: a decoding step's products on weights read in place;
+//! - `packed.rs`: weights packed once in panels, and their products;
+//! - `prefill_blocking.rs`: how a prefill's products cut their work on this CPU;
+//! - `cache_sizes.rs`: this CPU's cache sizes, read from the machine;
+//! - `host_matrix.rs`: a bare backend's buffer read as a matrix;
+//! - `known_type.rs`: a generic value handed over as the type it was found to be.
 //!
 //! Every entry point falls back to Burn's own ops where the backend, the float type or a
 //! tensor's layout is not one it reads, so a caller never chooses by backend.

@@ -15,9 +15,9 @@ use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn::tensor::ops::FloatTensor;
 
-use super::packed::PackedWeightsCache;
-use super::products::{Packing, products};
 use crate::host_matrix::HostBackend;
+use crate::packed::PackedWeightsCache;
+use crate::products::{Packing, products};
 
 /// [`products`] of `x` and `N` weights under `Autodiff`, on the inner backend's buffers, each
 /// output recorded with its backward; `None` (nothing recorded) where the products do not take
