@@ -17,32 +17,26 @@ pub(crate) trait HostBackend: Backend {
     fn host_matrix(tensor: Self::FloatTensorPrimitive, columns: usize) -> Option<HostMatrix>;
 }
 
+/// `$backend`'s [`HostBackend`] impl: its tensors read by `HostMatrix::$read`.
+macro_rules! host_backend {
+    ($backend:ty, $read:ident) => {
+        impl HostBackend for $backend {
+            fn host_matrix(
+                tensor: Self::FloatTensorPrimitive,
+                columns: usize,
+            ) -> Option<HostMatrix> {
+                HostMatrix::$read(tensor, columns)
+            }
+        }
+    };
+}
+
 #[cfg(feature = "flex")]
-impl HostBackend for burn::backend::Flex {
-    fn host_matrix(tensor: burn::backend::flex::FlexTensor, columns: usize) -> Option<HostMatrix> {
-        HostMatrix::of_flex(tensor, columns)
-    }
-}
-
+host_backend!(burn::backend::Flex, of_flex);
 #[cfg(feature = "ndarray")]
-impl HostBackend for burn::backend::NdArray<f32> {
-    fn host_matrix(
-        tensor: burn::backend::ndarray::NdArrayTensor,
-        columns: usize,
-    ) -> Option<HostMatrix> {
-        HostMatrix::of_ndarray(tensor, columns)
-    }
-}
-
+host_backend!(burn::backend::NdArray<f32>, of_ndarray);
 #[cfg(feature = "ndarray")]
-impl HostBackend for burn::backend::NdArray<f64> {
-    fn host_matrix(
-        tensor: burn::backend::ndarray::NdArrayTensor,
-        columns: usize,
-    ) -> Option<HostMatrix> {
-        HostMatrix::of_ndarray(tensor, columns)
-    }
-}
+host_backend!(burn::backend::NdArray<f64>, of_ndarray);
 
 /// How a matrix's elements lie in its buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
