@@ -59,37 +59,36 @@ pub(crate) fn host_products<B: Backend, const D: usize, const N: usize>(
     use burn::backend::Autodiff;
     use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, NoCheckpointing};
     let id = TypeId::of::<B>();
+    macro_rules! tracked {
+        ($backend:ty, $strategy:ty) => {
+            if id == TypeId::of::<Autodiff<$backend, $strategy>>() {
+                return as_known::<B, Autodiff<$backend, $strategy>, D, N>(x, weights, |x, w| {
+                    tracked_products(x, w, cache)
+                });
+            }
+        };
+    }
     macro_rules! on_host {
         ($backend:ty) => {
             if id == TypeId::of::<$backend>() {
-                return as_known::<B, $backend, D, N>(x, weights, |x, weights| {
-                    products(x, weights, Packing::Always(cache))
+                return as_known::<B, $backend, D, N>(x, weights, |x, w| {
+                    products(x, w, Packing::Always(cache))
                 });
             }
-            if id == TypeId::of::<Autodiff<$backend, NoCheckpointing>>() {
-                type Tracked = Autodiff<$backend, NoCheckpointing>;
-                return as_known::<B, Tracked, D, N>(x, weights, |x, weights| {
-                    tracked_products(x, weights, cache)
-                });
-            }
-            if id == TypeId::of::<Autodiff<$backend, BalancedCheckpointing>>() {
-                type Tracked = Autodiff<$backend, BalancedCheckpointing>;
-                return as_known::<B, Tracked, D, N>(x, weights, |x, weights| {
-                    tracked_products(x, weights, cache)
-                });
-            }
+            tracked!($backend, NoCheckpointing);
+            tracked!($backend, BalancedCheckpointing);
         };
     }
     for_each_host_backend!(on_host);
     None
 }
 
-/// `products` of the operands as `K`'s tensors, `K` being `B` (the caller compared their
-/// `TypeId`s), and their outputs as `B`'s again.
+/// `compute` on the operands as `K`'s tensors, `K` being `B` (the caller compared their
+/// `TypeId`s), and its outputs as `B`'s again.
 fn as_known<B: Backend, K: Backend, const D: usize, const N: usize>(
     x: &Tensor<B, D>,
     weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
-    products: impl FnOnce(
+    compute: impl FnOnce(
         &Tensor<K, D>,
         [(&Tensor<K, 2>, Option<&Tensor<K, 1>>); N],
     ) -> Option<[Tensor<K, D>; N]>,
@@ -100,7 +99,7 @@ fn as_known<B: Backend, K: Backend, const D: usize, const N: usize>(
         let bias = bias.map(|bias| into_known_type::<_, Tensor<K, 1>>(bias.clone()));
         (weight, bias)
     });
-    let outputs = products(
+    let outputs = compute(
         &x,
         weights
             .each_ref()
