@@ -15,8 +15,8 @@ use crate::packed::PackedWeightsCache;
 use crate::products::{Packing, products};
 use crate::products_op::tracked_products;
 
-/// The bare CPU backends of the list: adding one is a line here (and its `HostBackend` impl in
-/// `host_matrix.rs`, which says how its buffers are read).
+/// The bare CPU backends of the list: adding one is a line here (and, in `host_matrix.rs`, its
+/// `host_backend!` line and how its buffers are read).
 macro_rules! for_each_host_backend {
     ($action:ident) => {
         #[cfg(feature = "ndarray")]
