@@ -12,7 +12,7 @@ use burn::prelude::*;
 
 use crate::known_type::into_known_type;
 use crate::packed::PackedWeightsCache;
-use crate::products::{Packing, products};
+use crate::products::{Packing, WeightAndBias, products};
 use crate::products_op::tracked_products;
 
 /// The bare CPU backends of the list: adding one is a line here (and, in `host_matrix.rs`, its
@@ -88,10 +88,7 @@ pub(crate) fn host_products<B: Backend, const D: usize, const N: usize>(
 fn as_known<B: Backend, K: Backend, const D: usize, const N: usize>(
     x: &Tensor<B, D>,
     weights: [(&Tensor<B, 2>, Option<&Tensor<B, 1>>); N],
-    compute: impl FnOnce(
-        &Tensor<K, D>,
-        [(&Tensor<K, 2>, Option<&Tensor<K, 1>>); N],
-    ) -> Option<[Tensor<K, D>; N]>,
+    compute: impl FnOnce(&Tensor<K, D>, [WeightAndBias<'_, K>; N]) -> Option<[Tensor<K, D>; N]>,
 ) -> Option<[Tensor<B, D>; N]> {
     let x = into_known_type::<_, Tensor<K, D>>(x.clone());
     let weights = weights.map(|(weight, bias)| {

@@ -110,6 +110,9 @@ pub(crate) fn products<B: HostBackend, const D: usize, const N: usize>(
     }))
 }
 
+/// A weight and its bias, where there is one, as `B`'s tensors: an operand of [`products`].
+pub(crate) type WeightAndBias<'a, B> = (&'a Tensor<B, 2>, Option<&'a Tensor<B, 1>>);
+
 /// Whether a product packs its weights (`packed.rs`), at which row counts, and the module's cache
 /// that keeps them packed: what packing buys depends on how long the weights stay as they are.
 #[derive(Debug, Clone, Copy)]

@@ -17,7 +17,7 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::host_matrix::HostBackend;
 use crate::packed::PackedWeightsCache;
-use crate::products::{Packing, products};
+use crate::products::{Packing, WeightAndBias, products};
 
 /// [`products`] of `x` and `N` weights under `Autodiff`, on the inner backend's buffers, each
 /// output recorded with its backward; `None` (nothing recorded) where the products do not take
@@ -33,10 +33,7 @@ pub(crate) fn tracked_products<
     const N: usize,
 >(
     x: &Tensor<Autodiff<I, C>, D>,
-    weights: [(
-        &Tensor<Autodiff<I, C>, 2>,
-        Option<&Tensor<Autodiff<I, C>, 1>>,
-    ); N],
+    weights: [WeightAndBias<'_, Autodiff<I, C>>; N],
     cache: &PackedWeightsCache,
 ) -> Option<[Tensor<Autodiff<I, C>, D>; N]> {
     let x = Tracked::<I, C, D>::of(x);
