@@ -9,8 +9,9 @@
 use cubecl::prelude::*;
 
 use super::{
-    Geometry, HeadRows, KeySource, KeyTile, RowsVector, Tiling, UNIT_ROWS, accumulate, in_view,
-    is_visible, load_rows, masked, position_of, scored, store_columns, tile_dots,
+    Geometry, HeadRows, KeySource, KeyTile, PairBlock, RowsVector, Tiling, UNIT_ROWS, Unit,
+    accumulate, accumulate_tile, in_view, is_visible, load_pairs, load_rows, masked, score_grad,
+    scored, store_columns, store_row, tile_dots, unit_scores, zeroed_rows,
 };
 
 /// The query gradient.
@@ -39,52 +40,17 @@ pub fn flash_query_grad<F: Float, N: Size>(
     #[define(F)] _dtype: StorageType,
 ) {
     let n = N::value().comptime() as u32;
-    let lanes = comptime!(tiling.lanes);
-    let block = comptime!(tiling.block);
-    let tile = comptime!(tiling.tile);
-    let units = comptime!(tiling.units());
-    let vectors = comptime!(tiling.width / n);
-    let stride = comptime!(vectors + 1);
-    let cols = comptime!(tiling.tile / tiling.lanes);
-    let out_vectors = comptime!(tiling.width / n / tiling.lanes);
-    let groups = comptime!(tiling.block / UNIT_ROWS);
+    let sizes = comptime!(tiling.sizes(n));
+    let unit = Unit::new(&geometry, sizes);
+    let block = PairBlock::new(CUBE_POS_X, &unit, &geometry, sizes.block);
+    let (lanes, cols) = comptime!((sizes.lanes, sizes.cols));
 
-    let lane = UNIT_POS_X % lanes;
-    let row_group = UNIT_POS_X / lanes;
-    let kv_head = CUBE_POS_Y;
-    let batch = CUBE_POS_Z;
-    let group = geometry.heads / geometry.kv_heads;
-    let pairs = geometry.queries * group;
-    let blocks = pairs.div_ceil(block);
-    let first_pair = (blocks - 1 - CUBE_POS_X) * block;
-    let end_pair = min(first_pair + block, pairs);
-    let offset = geometry.keys - geometry.queries;
-    let first_position = first_pair / group + offset;
-    let last_position = (end_pair - 1) / group + offset;
-    let head_vectors = geometry.head_dim / n;
-    let row_vectors = geometry.heads * head_vectors;
-
-    // The block's queries and output gradients, each pair's own head.
-    let mut queries = SharedMemory::<Vector<F, N>>::new(comptime!((block * stride) as usize));
-    let mut d_outs = SharedMemory::<Vector<F, N>>::new(comptime!((block * stride) as usize));
-    let mut at = UNIT_POS_X;
-    while at < comptime!(block * vectors) {
-        let row = at / vectors;
-        let vector = at % vectors;
-        let pair = first_pair + row;
-        let mut x = Vector::<F, N>::new(F::new(0.0));
-        let mut d_out = Vector::<F, N>::new(F::new(0.0));
-        if pair < end_pair && vector < head_vectors {
-            let head = kv_head * group + pair % group;
-            let query_row = batch * geometry.queries + pair / group;
-            let from = (query_row * row_vectors + head * head_vectors + vector) as usize;
-            x = query[from];
-            d_out = output_grad[from];
-        }
-        queries[(row * stride + vector) as usize] = x;
-        d_outs[(row * stride + vector) as usize] = d_out;
-        at += units;
-    }
+    // The block's queries and output gradients.
+    let rows = comptime!((sizes.block * sizes.stride) as usize);
+    let mut queries = SharedMemory::<Vector<F, N>>::new(rows);
+    let mut d_outs = SharedMemory::<Vector<F, N>>::new(rows);
+    load_pairs::<F, N>(query, &mut queries, &block, &unit, &geometry, sizes);
+    load_pairs::<F, N>(output_grad, &mut d_outs, &block, &unit, &geometry, sizes);
 
     // This unit's rows: log-sum-exps and `D`s (rows past the last pair: a masked log-sum-exp, so
     // that they weigh nothing). Their positions are computed where a mask needs them, in edge
@@ -93,12 +59,11 @@ pub fn flash_query_grad<F: Float, N: Size>(
     let mut row_delta = Array::<f32>::new(comptime!(UNIT_ROWS as usize));
     #[unroll]
     for i in 0..UNIT_ROWS {
-        let pair = first_pair + row_group * UNIT_ROWS + i;
+        let pair = block.pair(&unit, i);
         let mut l = masked();
         let mut d = 0.0f32;
-        if pair < end_pair {
-            let head = kv_head * group + pair % group;
-            let at = ((batch * geometry.queries + pair / group) * geometry.heads + head) as usize;
+        if pair < block.end_pair {
+            let at = (unit.query_row(pair, &geometry) * geometry.heads + unit.head(pair)) as usize;
             l = lse[at];
             d = delta[at];
         }
@@ -106,91 +71,60 @@ pub fn flash_query_grad<F: Float, N: Size>(
         row_delta[i as usize] = d;
     }
 
-    let mut key_start = 0u32;
-    if geometry.window > 0 && first_position + 1 > geometry.window {
-        key_start = first_position + 1 - geometry.window;
-    }
-    let key_end = last_position + 1;
-
     // The key/value tile: the keys and values the block's queries meet in turn.
-    let mut kv = KeyTile::<F, N>::new(tiling);
-    let mut d_scores = SharedMemory::<RowsVector>::new(comptime!((tile * groups) as usize));
+    let mut kv = KeyTile::<F, N>::new(sizes);
+    let mut d_scores =
+        SharedMemory::<RowsVector>::new(comptime!((sizes.tile * sizes.groups) as usize));
 
-    let mut scores = Array::<f32>::new(comptime!((UNIT_ROWS * cols) as usize));
-    let mut d_weights = Array::<f32>::new(comptime!((UNIT_ROWS * cols) as usize));
-    let mut acc = Array::<Vector<f32, N>>::new(comptime!((UNIT_ROWS * out_vectors) as usize));
-    #[unroll]
-    for x in 0..comptime!(UNIT_ROWS * out_vectors) {
-        acc[x as usize] = Vector::<f32, N>::new(0.0);
-    }
+    let mut scores = unit_scores(sizes);
+    let mut d_weights = unit_scores(sizes);
+    let mut acc = zeroed_rows::<N>(sizes);
 
-    let key_source = KeySource::new(&geometry, batch, kv_head);
-    let mut start = key_start;
+    let key_source = KeySource::new(&geometry, &unit);
+    let key_end = block.key_end;
+    let mut start = block.key_start;
     while start < key_end {
-        kv.load(key, value, key_padding, &key_source, start, key_end, tiling);
+        kv.load(key, value, key_padding, &key_source, start, key_end, sizes);
         sync_cube();
 
         // Scores and `dOᵢ · vⱼ` for the unit's rows and its keys `lane + j · lanes`.
-        tile_dots::<F, N>(&queries, &kv.keys, &mut scores, row_group, lane, tiling);
-        tile_dots::<F, N>(&d_outs, &kv.values, &mut d_weights, row_group, lane, tiling);
+        tile_dots::<F, N>(&queries, &kv.keys, &mut scores, &unit, sizes);
+        tile_dots::<F, N>(&d_outs, &kv.values, &mut d_weights, &unit, sizes);
 
-        let full = geometry.padded == 0
-            && start + tile <= key_end
-            && start + tile <= first_position + 1
-            && (geometry.window == 0 || last_position < start + geometry.window);
+        let full = block.sees_whole_tile(start, key_end, &geometry, sizes.tile);
         #[unroll]
         for j in 0..cols {
-            let column = lane + j * lanes;
-            let key_index = start + column;
+            let column = unit.lane + j * lanes;
             #[unroll]
             for i in 0..UNIT_ROWS {
                 let at = (i * cols + j) as usize;
                 let (score, tanh) = scored(scores[at], &geometry);
                 let mut visible = is_visible(row_lse[i as usize]);
                 if !full {
-                    visible = visible
-                        && key_index < key_end
-                        && in_view(
-                            key_index,
-                            position_of(first_pair, row_group, i, group, offset),
-                            &geometry,
-                        );
-                    if geometry.padded == 1 {
-                        visible = visible && kv.padding[column as usize] < 0.5;
-                    }
+                    let position = block.position(&unit, i);
+                    visible = visible && kv.sees(column, start, key_end, position, &geometry);
                 }
                 let weight = select(visible, f32::exp(score - row_lse[i as usize]), 0.0);
-                let mut d_score = weight * (d_weights[at] - row_delta[i as usize]);
-                if geometry.softcap > 0.0 {
-                    d_score *= 1.0 - tanh * tanh;
-                }
-                scores[at] = d_score;
+                scores[at] = score_grad(
+                    weight,
+                    d_weights[at],
+                    row_delta[i as usize],
+                    tanh,
+                    &geometry,
+                );
             }
         }
-        store_columns(&scores, &mut d_scores, row_group, lane, tiling);
-        sync_cube();
-
-        accumulate::<F, N>(&d_scores, &kv.keys, &mut acc, row_group, lane, tiling);
-        sync_cube();
-        start += tile;
+        accumulate_tile::<F, N>(&scores, &mut d_scores, &kv.keys, &mut acc, &unit, sizes);
+        start += sizes.tile;
     }
 
     #[unroll]
     for i in 0..UNIT_ROWS {
-        let pair = first_pair + row_group * UNIT_ROWS + i;
-        if pair < end_pair {
-            let head = kv_head * group + pair % group;
-            let query_row = batch * geometry.queries + pair / group;
-            let out_at = query_row * row_vectors + head * head_vectors;
-            #[unroll]
-            for m in 0..out_vectors {
-                let column = lane + m * lanes;
-                if column < head_vectors {
-                    let at = (i * out_vectors + m) as usize;
-                    query_grad[(out_at + column) as usize] =
-                        Vector::<F, N>::cast_from(acc[at] * Vector::<f32, N>::new(geometry.scale));
-                }
-            }
+        let pair = block.pair(&unit, i);
+        if pair < block.end_pair {
+            let query_row = unit.query_row(pair, &geometry);
+            let out_at = query_row * unit.row_vectors + unit.head(pair) * unit.head_vectors;
+            store_row::<F, N>(query_grad, &acc, geometry.scale, out_at, &unit, i, sizes);
         }
     }
 }
@@ -223,53 +157,38 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
     #[define(F)] _dtype: StorageType,
 ) {
     let n = N::value().comptime() as u32;
-    let lanes = comptime!(tiling.lanes);
-    let block = comptime!(tiling.block);
-    let tile = comptime!(tiling.tile);
-    let units = comptime!(tiling.units());
-    let vectors = comptime!(tiling.width / n);
-    let stride = comptime!(vectors + 1);
-    let cols = comptime!(tiling.tile / tiling.lanes);
-    let out_vectors = comptime!(tiling.width / n / tiling.lanes);
-    let groups = comptime!(tiling.block / UNIT_ROWS);
-
-    let lane = UNIT_POS_X % lanes;
-    let row_group = UNIT_POS_X / lanes;
-    let kv_head = CUBE_POS_Y;
-    let batch = CUBE_POS_Z;
-    let group = geometry.heads / geometry.kv_heads;
-    let offset = geometry.keys - geometry.queries;
+    let sizes = comptime!(tiling.sizes(n));
+    let unit = Unit::new(&geometry, sizes);
+    let (block, tile, lanes, cols) = comptime!((sizes.block, sizes.tile, sizes.lanes, sizes.cols));
     let first_key = CUBE_POS_X * block;
     let last_key = min(first_key + block, geometry.keys) - 1;
-    let head_vectors = geometry.head_dim / n;
-    let row_vectors = geometry.heads * head_vectors;
-    let kv_row_vectors = geometry.kv_heads * head_vectors;
+    let kv_row_vectors = geometry.kv_heads * unit.head_vectors;
 
-    let mut keys = SharedMemory::<Vector<F, N>>::new(comptime!((block * stride) as usize));
-    let mut values = SharedMemory::<Vector<F, N>>::new(comptime!((block * stride) as usize));
-    let key_first = batch * geometry.key_rows + geometry.key_first;
-    let kv_column = kv_head * head_vectors;
-    let count = last_key + 1 - first_key;
+    let rows = comptime!((block * sizes.stride) as usize);
+    let mut keys = SharedMemory::<Vector<F, N>>::new(rows);
+    let mut values = SharedMemory::<Vector<F, N>>::new(rows);
+    let key_first = unit.batch * geometry.key_rows + geometry.key_first;
+    let kv_column = unit.kv_head * unit.head_vectors;
     let from = HeadRows {
         first_row: key_first + first_key,
-        count,
+        count: last_key + 1 - first_key,
         row_vectors: kv_row_vectors,
         column: kv_column,
-        head_vectors,
+        head_vectors: unit.head_vectors,
     };
-    load_rows::<F, N>(key, &mut keys, &from, block, tiling.width, units);
-    load_rows::<F, N>(value, &mut values, &from, block, tiling.width, units);
+    load_rows::<F, N>(key, &mut keys, &from, block, sizes);
+    load_rows::<F, N>(value, &mut values, &from, block, sizes);
 
     // This unit's keys: their indices and whether they are padding.
     let mut key_index = Array::<u32>::new(comptime!(UNIT_ROWS as usize));
     let mut key_padded = Array::<u32>::new(comptime!(UNIT_ROWS as usize));
     #[unroll]
     for i in 0..UNIT_ROWS {
-        let index = first_key + row_group * UNIT_ROWS + i;
+        let index = first_key + unit.row_group * UNIT_ROWS + i;
         key_index[i as usize] = index;
         let mut padded = 0u32;
         if geometry.padded == 1 && index < geometry.keys {
-            let flag = f32::cast_from(key_padding[(batch * geometry.keys + index) as usize]);
+            let flag = f32::cast_from(key_padding[(unit.batch * geometry.keys + index) as usize]);
             padded = select(flag > 0.5, 1u32, 0u32);
         }
         key_padded[i as usize] = padded;
@@ -277,6 +196,7 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
 
     // The queries that see some key of this block: from the first key's position on, until the
     // last key leaves their window.
+    let offset = unit.offset;
     let mut query_start = 0u32;
     if first_key > offset {
         query_start = first_key - offset;
@@ -287,39 +207,36 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
         query_end = select(reach > offset, min(query_end, reach - offset), 0u32);
     }
 
-    let mut queries = SharedMemory::<Vector<F, N>>::new(comptime!((tile * stride) as usize));
-    let mut d_outs = SharedMemory::<Vector<F, N>>::new(comptime!((tile * stride) as usize));
+    let tile_rows = comptime!((tile * sizes.stride) as usize);
+    let mut queries = SharedMemory::<Vector<F, N>>::new(tile_rows);
+    let mut d_outs = SharedMemory::<Vector<F, N>>::new(tile_rows);
     let mut lses = SharedMemory::<f32>::new(comptime!(tile as usize));
     let mut deltas = SharedMemory::<f32>::new(comptime!(tile as usize));
-    let mut weights = SharedMemory::<RowsVector>::new(comptime!((tile * groups) as usize));
-    let mut d_scores = SharedMemory::<RowsVector>::new(comptime!((tile * groups) as usize));
+    let weight_columns = comptime!((tile * sizes.groups) as usize);
+    let mut weights = SharedMemory::<RowsVector>::new(weight_columns);
+    let mut d_scores = SharedMemory::<RowsVector>::new(weight_columns);
 
-    let mut scores = Array::<f32>::new(comptime!((UNIT_ROWS * cols) as usize));
-    let mut d_weights = Array::<f32>::new(comptime!((UNIT_ROWS * cols) as usize));
-    let mut d_key = Array::<Vector<f32, N>>::new(comptime!((UNIT_ROWS * out_vectors) as usize));
-    let mut d_value = Array::<Vector<f32, N>>::new(comptime!((UNIT_ROWS * out_vectors) as usize));
-    #[unroll]
-    for x in 0..comptime!(UNIT_ROWS * out_vectors) {
-        d_key[x as usize] = Vector::<f32, N>::new(0.0);
-        d_value[x as usize] = Vector::<f32, N>::new(0.0);
-    }
+    let mut scores = unit_scores(sizes);
+    let mut d_weights = unit_scores(sizes);
+    let mut d_key = zeroed_rows::<N>(sizes);
+    let mut d_value = zeroed_rows::<N>(sizes);
 
-    let query_first = batch * geometry.queries;
-    for member in 0..group {
-        let head = kv_head * group + member;
-        let column = head * head_vectors;
+    let query_first = unit.batch * geometry.queries;
+    for member in 0..unit.group {
+        let head = unit.kv_head * unit.group + member;
+        let column = head * unit.head_vectors;
         let mut start = query_start;
         while start < query_end {
             let count = min(tile, query_end - start);
             let from = HeadRows {
                 first_row: query_first + start,
                 count,
-                row_vectors,
+                row_vectors: unit.row_vectors,
                 column,
-                head_vectors,
+                head_vectors: unit.head_vectors,
             };
-            load_rows::<F, N>(query, &mut queries, &from, tile, tiling.width, units);
-            load_rows::<F, N>(output_grad, &mut d_outs, &from, tile, tiling.width, units);
+            load_rows::<F, N>(query, &mut queries, &from, tile, sizes);
+            load_rows::<F, N>(output_grad, &mut d_outs, &from, tile, sizes);
             let mut at = UNIT_POS_X;
             while at < tile {
                 let mut l = masked();
@@ -331,13 +248,13 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
                 }
                 lses[at as usize] = l;
                 deltas[at as usize] = d;
-                at += units;
+                at += sizes.units;
             }
             sync_cube();
 
             // Scores and `dOⱼ · vᵢ` for the unit's keys and its queries `lane + j · lanes`.
-            tile_dots::<F, N>(&keys, &queries, &mut scores, row_group, lane, tiling);
-            tile_dots::<F, N>(&values, &d_outs, &mut d_weights, row_group, lane, tiling);
+            tile_dots::<F, N>(&keys, &queries, &mut scores, &unit, sizes);
+            tile_dots::<F, N>(&values, &d_outs, &mut d_weights, &unit, sizes);
 
             let full = geometry.padded == 0
                 && start + tile <= query_end
@@ -347,7 +264,7 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
                     || start + tile - 1 + offset < first_key + geometry.window);
             #[unroll]
             for j in 0..cols {
-                let column = lane + j * lanes;
+                let column = unit.lane + j * lanes;
                 let query_index = start + column;
                 let row_lse = lses[column as usize];
                 let row_delta = deltas[column as usize];
@@ -362,20 +279,16 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
                             && in_view(key_index[i as usize], query_index + offset, &geometry);
                     }
                     let weight = select(visible, f32::exp(score - row_lse), 0.0);
-                    let mut d_score = weight * (d_weights[at] - row_delta);
-                    if geometry.softcap > 0.0 {
-                        d_score *= 1.0 - tanh * tanh;
-                    }
                     scores[at] = weight;
-                    d_weights[at] = d_score;
+                    d_weights[at] = score_grad(weight, d_weights[at], row_delta, tanh, &geometry);
                 }
             }
-            store_columns(&scores, &mut weights, row_group, lane, tiling);
-            store_columns(&d_weights, &mut d_scores, row_group, lane, tiling);
+            store_columns(&scores, &mut weights, &unit, sizes);
+            store_columns(&d_weights, &mut d_scores, &unit, sizes);
             sync_cube();
 
-            accumulate::<F, N>(&weights, &d_outs, &mut d_value, row_group, lane, tiling);
-            accumulate::<F, N>(&d_scores, &queries, &mut d_key, row_group, lane, tiling);
+            accumulate::<F, N>(&weights, &d_outs, &mut d_value, &unit, sizes);
+            accumulate::<F, N>(&d_scores, &queries, &mut d_key, &unit, sizes);
             sync_cube();
             start += tile;
         }
@@ -385,18 +298,9 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
     for i in 0..UNIT_ROWS {
         let index = key_index[i as usize];
         if index < geometry.keys {
-            let out_at = (batch * geometry.keys + index) * kv_row_vectors + kv_column;
-            #[unroll]
-            for m in 0..out_vectors {
-                let column = lane + m * lanes;
-                if column < head_vectors {
-                    let at = (i * out_vectors + m) as usize;
-                    key_grad[(out_at + column) as usize] = Vector::<F, N>::cast_from(
-                        d_key[at] * Vector::<f32, N>::new(geometry.scale),
-                    );
-                    value_grad[(out_at + column) as usize] = Vector::<F, N>::cast_from(d_value[at]);
-                }
-            }
+            let out_at = (unit.batch * geometry.keys + index) * kv_row_vectors + kv_column;
+            store_row::<F, N>(key_grad, &d_key, geometry.scale, out_at, &unit, i, sizes);
+            store_row::<F, N>(value_grad, &d_value, 1.0, out_at, &unit, i, sizes);
         }
     }
 }

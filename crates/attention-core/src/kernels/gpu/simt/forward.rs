@@ -3,8 +3,8 @@
 use cubecl::prelude::*;
 
 use super::{
-    Geometry, KeySource, KeyTile, RowsVector, Tiling, UNIT_ROWS, accumulate, in_view, is_visible,
-    masked, position_of, scored, store_columns, tile_dots,
+    Geometry, KeySource, KeyTile, PairBlock, RowsVector, Tiling, UNIT_ROWS, Unit, accumulate_tile,
+    is_visible, load_pairs, masked, scored, store_row, tile_dots, unit_scores, zeroed_rows,
 };
 
 /// The forward pass: `output` and the per-row log-sum-exp.
@@ -37,56 +37,20 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
     #[define(F, O)] _dtypes: [StorageType; 2],
 ) {
     let n = N::value().comptime() as u32;
-    let lanes = comptime!(tiling.lanes);
-    let block = comptime!(tiling.block);
-    let tile = comptime!(tiling.tile);
-    let units = comptime!(tiling.units());
-    let vectors = comptime!(tiling.width / n);
-    let stride = comptime!(vectors + 1);
-    let cols = comptime!(tiling.tile / tiling.lanes);
-    let out_vectors = comptime!(tiling.width / n / tiling.lanes);
-    let groups = comptime!(tiling.block / UNIT_ROWS);
-
-    let lane = UNIT_POS_X % lanes;
-    let row_group = UNIT_POS_X / lanes;
-    let kv_head = CUBE_POS_Y;
-    let batch = CUBE_POS_Z;
-    let group = geometry.heads / geometry.kv_heads;
-    let pairs = geometry.queries * group;
-    let blocks = pairs.div_ceil(block);
+    let sizes = comptime!(tiling.sizes(n));
+    let unit = Unit::new(&geometry, sizes);
+    let block = PairBlock::new(CUBE_POS_X / geometry.splits, &unit, &geometry, sizes.block);
     let split = CUBE_POS_X % geometry.splits;
-    let first_pair = (blocks - 1 - CUBE_POS_X / geometry.splits) * block;
-    let end_pair = min(first_pair + block, pairs);
-    let offset = geometry.keys - geometry.queries;
-    let first_position = first_pair / group + offset;
-    let last_position = (end_pair - 1) / group + offset;
-    let head_vectors = geometry.head_dim / n;
-    let row_vectors = geometry.heads * head_vectors;
+    let (lanes, cols) = comptime!((sizes.lanes, sizes.cols));
 
-    // The block's query rows, each pair's own head.
-    let mut queries = SharedMemory::<Vector<F, N>>::new(comptime!((block * stride) as usize));
-    let mut at = UNIT_POS_X;
-    while at < comptime!(block * vectors) {
-        let row = at / vectors;
-        let vector = at % vectors;
-        let pair = first_pair + row;
-        let mut x = Vector::<F, N>::new(F::new(0.0));
-        if pair < end_pair && vector < head_vectors {
-            let head = kv_head * group + pair % group;
-            let query_row = batch * geometry.queries + pair / group;
-            x = query[(query_row * row_vectors + head * head_vectors + vector) as usize];
-        }
-        queries[(row * stride + vector) as usize] = x;
-        at += units;
-    }
+    // The block's query rows.
+    let mut queries =
+        SharedMemory::<Vector<F, N>>::new(comptime!((sizes.block * sizes.stride) as usize));
+    load_pairs::<F, N>(query, &mut queries, &block, &unit, &geometry, sizes);
 
-    // The keys this block sees: up to the last pair's position, from the first one's window
-    // start; a split's own keys only.
-    let mut key_start = 0u32;
-    if geometry.window > 0 && first_position + 1 > geometry.window {
-        key_start = first_position + 1 - geometry.window;
-    }
-    let mut key_end = last_position + 1;
+    // A split's own keys only.
+    let mut key_start = block.key_start;
+    let mut key_end = block.key_end;
     if geometry.splits > 1 {
         let split_start = split * geometry.split_len;
         key_start = max(key_start, split_start);
@@ -94,12 +58,14 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
     }
 
     // The key/value tile: the keys and values the block's queries meet in turn.
-    let mut kv = KeyTile::<F, N>::new(tiling);
-    let mut weights = SharedMemory::<RowsVector>::new(comptime!((tile * groups) as usize));
-    let mut across_lanes = SharedMemory::<f32>::new(comptime!((block * lanes) as usize));
+    let mut kv = KeyTile::<F, N>::new(sizes);
+    let mut weights =
+        SharedMemory::<RowsVector>::new(comptime!((sizes.tile * sizes.groups) as usize));
+    let mut across_lanes =
+        SharedMemory::<f32>::new(comptime!((sizes.block * sizes.lanes) as usize));
 
-    let mut scores = Array::<f32>::new(comptime!((UNIT_ROWS * cols) as usize));
-    let mut acc = Array::<Vector<f32, N>>::new(comptime!((UNIT_ROWS * out_vectors) as usize));
+    let mut scores = unit_scores(sizes);
+    let mut acc = zeroed_rows::<N>(sizes);
     let mut row_max = Array::<f32>::new(comptime!(UNIT_ROWS as usize));
     // This lane's share of each row's sum.
     let mut row_sum = Array::<f32>::new(comptime!(UNIT_ROWS as usize));
@@ -107,26 +73,19 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
     for i in 0..UNIT_ROWS {
         row_max[i as usize] = masked();
         row_sum[i as usize] = 0.0;
-        #[unroll]
-        for m in 0..out_vectors {
-            acc[(i * out_vectors + m) as usize] = Vector::<f32, N>::new(0.0);
-        }
     }
 
-    let key_source = KeySource::new(&geometry, batch, kv_head);
+    let key_source = KeySource::new(&geometry, &unit);
     let mut start = key_start;
     while start < key_end {
-        kv.load(key, value, key_padding, &key_source, start, key_end, tiling);
+        kv.load(key, value, key_padding, &key_source, start, key_end, sizes);
         sync_cube();
 
         // Scores: the unit's rows against its keys `lane + j · lanes`.
-        tile_dots::<F, N>(&queries, &kv.keys, &mut scores, row_group, lane, tiling);
+        tile_dots::<F, N>(&queries, &kv.keys, &mut scores, &unit, sizes);
 
         // Masks on an edge tile only; each row's maximum over its lanes.
-        let full = geometry.padded == 0
-            && start + tile <= key_end
-            && start + tile <= first_position + 1
-            && (geometry.window == 0 || last_position < start + geometry.window);
+        let full = block.sees_whole_tile(start, key_end, &geometry, sizes.tile);
         #[unroll]
         for i in 0..UNIT_ROWS {
             let mut most = masked();
@@ -135,23 +94,15 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
                 let (scaled, _) = scored(scores[(i * cols + j) as usize], &geometry);
                 let mut score = scaled;
                 if !full {
-                    let column = lane + j * lanes;
-                    let key_index = start + column;
-                    let mut visible = key_index < key_end
-                        && in_view(
-                            key_index,
-                            position_of(first_pair, row_group, i, group, offset),
-                            &geometry,
-                        );
-                    if geometry.padded == 1 {
-                        visible = visible && kv.padding[column as usize] < 0.5;
-                    }
+                    let column = unit.lane + j * lanes;
+                    let position = block.position(&unit, i);
+                    let visible = kv.sees(column, start, key_end, position, &geometry);
                     score = select(visible, score, masked());
                 }
                 scores[(i * cols + j) as usize] = score;
                 most = max(most, score);
             }
-            across_lanes[((row_group * UNIT_ROWS + i) * lanes + lane) as usize] = most;
+            across_lanes[((unit.row_group * UNIT_ROWS + i) * lanes + unit.lane) as usize] = most;
         }
         sync_cube();
 
@@ -163,7 +114,7 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
             for other in 0..lanes {
                 most = max(
                     most,
-                    across_lanes[((row_group * UNIT_ROWS + i) * lanes + other) as usize],
+                    across_lanes[((unit.row_group * UNIT_ROWS + i) * lanes + other) as usize],
                 );
             }
             let new_max = max(row_max[i as usize], most);
@@ -171,8 +122,8 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
             row_max[i as usize] = new_max;
             let mut sum = row_sum[i as usize] * correction;
             #[unroll]
-            for m in 0..out_vectors {
-                let at = (i * out_vectors + m) as usize;
+            for m in 0..sizes.out_vectors {
+                let at = (i * sizes.out_vectors + m) as usize;
                 acc[at] = acc[at] * Vector::<f32, N>::new(correction);
             }
             #[unroll]
@@ -184,19 +135,17 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
             }
             row_sum[i as usize] = sum;
         }
-        store_columns(&scores, &mut weights, row_group, lane, tiling);
-        sync_cube();
 
         // The weighted sum: the unit's rows × its vectors of the head.
-        accumulate::<F, N>(&weights, &kv.values, &mut acc, row_group, lane, tiling);
-        sync_cube();
-        start += tile;
+        accumulate_tile::<F, N>(&scores, &mut weights, &kv.values, &mut acc, &unit, sizes);
+        start += sizes.tile;
     }
 
     // Each row's sum over its lanes, then the sink and the normalised output.
     #[unroll]
     for i in 0..UNIT_ROWS {
-        across_lanes[((row_group * UNIT_ROWS + i) * lanes + lane) as usize] = row_sum[i as usize];
+        across_lanes[((unit.row_group * UNIT_ROWS + i) * lanes + unit.lane) as usize] =
+            row_sum[i as usize];
     }
     sync_cube();
     #[unroll]
@@ -204,11 +153,11 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
         let mut sum = 0.0f32;
         #[unroll]
         for other in 0..lanes {
-            sum += across_lanes[((row_group * UNIT_ROWS + i) * lanes + other) as usize];
+            sum += across_lanes[((unit.row_group * UNIT_ROWS + i) * lanes + other) as usize];
         }
-        let pair = first_pair + row_group * UNIT_ROWS + i;
-        if pair < end_pair {
-            let head = kv_head * group + pair % group;
+        let pair = block.pair(&unit, i);
+        if pair < block.end_pair {
+            let head = unit.head(pair);
             let mut most = row_max[i as usize];
             let mut rescale = 1.0f32;
             if geometry.with_sinks == 1 && split == 0 {
@@ -221,18 +170,10 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
             let seen = sum > 0.0;
             let inverse = select(seen, rescale / sum, 0.0);
             // A split's partial results are the `split`-th of `splits` stacked outputs.
-            let out_row = (split * CUBE_COUNT_Z + batch) * geometry.queries + pair / group;
-            let out_at = out_row * row_vectors + head * head_vectors;
-            #[unroll]
-            for m in 0..out_vectors {
-                let column = lane + m * lanes;
-                if column < head_vectors {
-                    let at = (i * out_vectors + m) as usize;
-                    output[(out_at + column) as usize] =
-                        Vector::<O, N>::cast_from(acc[at] * Vector::<f32, N>::new(inverse));
-                }
-            }
-            if lane == 0 {
+            let out_row = split * CUBE_COUNT_Z * geometry.queries + unit.query_row(pair, &geometry);
+            let out_at = out_row * unit.row_vectors + head * unit.head_vectors;
+            store_row::<O, N>(output, &acc, inverse, out_at, &unit, i, sizes);
+            if unit.lane == 0 {
                 let lse_at = (out_row * geometry.heads + head) as usize;
                 lse[lse_at] = select(seen, most + f32::ln(sum), masked());
             }

@@ -12,11 +12,14 @@
 //! [`UNIT_ROWS`] rows of the block, and of each tile the columns `lane, lane + lanes, …` (its
 //! scores, `UNIT_ROWS × tile / lanes`) and of the head the vectors `lane, lane + lanes, …` (its
 //! share of the outputs, `UNIT_ROWS × width / lanes`). Every size is a compile-time value
-//! ([`Tiling`]), so the loops over a unit's share unroll and its accumulators are registers; the
-//! head width is padded up to one of a few compiled widths (`tiling.rs`), the columns past the
-//! call's own width read as zero. The loops over the head width and over a tile's keys stay
+//! ([`Tiling`], and what each kernel derives from it first, [`KernelSizes`]), so the loops over
+//! a unit's share unroll and its accumulators are registers; the head width is padded up to one
+//! of a few compiled widths (`tiling.rs`), the columns past the call's own width read as zero. The loops over the head width and over a tile's keys stay
 //! loops: each step reads vectors of the block and of the tile from shared memory (rows padded
 //! by one vector against bank conflicts), each used for `UNIT_ROWS` or more FMAs.
+//!
+//! Each kernel begins alike: its [`KernelSizes`], its [`Unit`] (where the unit works), and, in
+//! the forward pass and the query gradient, its [`PairBlock`] (the rows it computes).
 //!
 //! A row's maximum is reduced over its lanes through shared memory (the adapters this runs on
 //! in CI have no plane operations); its running sum stays per lane until the end.
@@ -68,6 +71,47 @@ impl Tiling {
     pub fn units(&self) -> u32 {
         self.block / UNIT_ROWS * self.lanes
     }
+
+    /// Every size a kernel of this tiling is compiled with, for loads of `vector` elements.
+    pub fn sizes(&self, vector: u32) -> KernelSizes {
+        let vectors = self.width / vector;
+        KernelSizes {
+            vector,
+            block: self.block,
+            tile: self.tile,
+            lanes: self.lanes,
+            units: self.units(),
+            vectors,
+            stride: vectors + 1,
+            groups: self.block / UNIT_ROWS,
+            cols: self.tile / self.lanes,
+            out_vectors: vectors / self.lanes,
+        }
+    }
+}
+
+/// Every compile-time size of one kernel ([`Tiling::sizes`]): what its loops run over and its
+/// shared memory and registers hold. Each kernel builds it once, first, and hands it on to the
+/// functions it calls, so that no size is derived in two places.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelSizes {
+    /// Elements per load.
+    pub vector: u32,
+    /// The tiling's block, tile and lanes.
+    pub block: u32,
+    pub tile: u32,
+    pub lanes: u32,
+    /// Units of a cube.
+    pub units: u32,
+    /// Vectors of a row at the compiled width, and a row's stride in shared memory: one vector
+    /// more, against bank conflicts.
+    pub vectors: u32,
+    pub stride: u32,
+    /// Row groups of a block: the units over one lane.
+    pub groups: u32,
+    /// A unit's share: its columns of a tile and its vectors of the head.
+    pub cols: u32,
+    pub out_vectors: u32,
 }
 
 /// A masked score, and the log-sum-exp of a row that sees no key.
@@ -114,26 +158,160 @@ pub struct Geometry {
     pub split_len: u32,
 }
 
+/// Where a unit works, and the sizes of the call it indexes by: what every kernel of this tier
+/// computes first, from its [`Geometry`] and the unit's and cube's places.
+#[derive(CubeType, Clone, Copy)]
+pub struct Unit {
+    /// The unit's lane over a row, and its row group: it owns rows `row_group · UNIT_ROWS ..` of
+    /// the block.
+    pub lane: u32,
+    pub row_group: u32,
+    /// The cube's key/value head and sequence.
+    pub kv_head: u32,
+    pub batch: u32,
+    /// Query heads per key/value head.
+    pub group: u32,
+    /// Keys before the first query's position.
+    pub offset: u32,
+    /// Vectors of one head, and of a query row (every head's).
+    pub head_vectors: u32,
+    pub row_vectors: u32,
+}
+
+#[cube]
+impl Unit {
+    /// This unit of this cube, for a call of `geometry`.
+    pub fn new(geometry: &Geometry, #[comptime] sizes: KernelSizes) -> Unit {
+        let head_vectors = geometry.head_dim / sizes.vector;
+        Unit {
+            lane: UNIT_POS_X % sizes.lanes,
+            row_group: UNIT_POS_X / sizes.lanes,
+            kv_head: CUBE_POS_Y,
+            batch: CUBE_POS_Z,
+            group: geometry.heads / geometry.kv_heads,
+            offset: geometry.keys - geometry.queries,
+            head_vectors,
+            row_vectors: geometry.heads * head_vectors,
+        }
+    }
+
+    /// The query head of the cube's (query, query head) pair `pair`.
+    pub fn head(&self, pair: u32) -> u32 {
+        self.kv_head * self.group + pair % self.group
+    }
+
+    /// The row of pair `pair`'s query among every sequence's queries.
+    pub fn query_row(&self, pair: u32, geometry: &Geometry) -> u32 {
+        self.batch * geometry.queries + pair / self.group
+    }
+}
+
+/// The block of (query, query head) pairs a cube of the forward pass or of the query gradient
+/// computes: its pairs, their queries' positions, and the keys some pair of it sees.
+#[derive(CubeType, Clone, Copy)]
+pub struct PairBlock {
+    /// Pairs `first_pair .. end_pair` of the key/value head's (fewer in the last block).
+    pub first_pair: u32,
+    pub end_pair: u32,
+    /// The positions of the first and the last pair's queries.
+    pub first_position: u32,
+    pub last_position: u32,
+    /// Keys `key_start .. key_end`: from the first query's window start to the last query's own
+    /// position.
+    pub key_start: u32,
+    pub key_end: u32,
+}
+
+#[cube]
+impl PairBlock {
+    /// The block `from_last` blocks before the last of `unit`'s key/value head (the last blocks,
+    /// which see the most keys, are the first cubes).
+    pub fn new(
+        from_last: u32,
+        unit: &Unit,
+        geometry: &Geometry,
+        #[comptime] block: u32,
+    ) -> PairBlock {
+        let pairs = geometry.queries * unit.group;
+        let first_pair = (pairs.div_ceil(block) - 1 - from_last) * block;
+        let end_pair = min(first_pair + block, pairs);
+        let first_position = first_pair / unit.group + unit.offset;
+        let last_position = (end_pair - 1) / unit.group + unit.offset;
+        let mut key_start = 0u32;
+        if geometry.window > 0 && first_position + 1 > geometry.window {
+            key_start = first_position + 1 - geometry.window;
+        }
+        PairBlock {
+            first_pair,
+            end_pair,
+            first_position,
+            last_position,
+            key_start,
+            key_end: last_position + 1,
+        }
+    }
+
+    /// The pair of the unit's row `i` (rows past `end_pair` compute on zeros and are not
+    /// written).
+    pub fn pair(&self, unit: &Unit, #[comptime] i: u32) -> u32 {
+        self.first_pair + unit.row_group * UNIT_ROWS + i
+    }
+
+    /// The position of the query of the unit's row `i`.
+    pub fn position(&self, unit: &Unit, #[comptime] i: u32) -> u32 {
+        self.pair(unit, i) / unit.group + unit.offset
+    }
+
+    /// Whether every row of the block sees every key of the tile from `start` (keys up to `end`):
+    /// then no mask is computed.
+    pub fn sees_whole_tile(
+        &self,
+        start: u32,
+        end: u32,
+        geometry: &Geometry,
+        #[comptime] tile: u32,
+    ) -> bool {
+        geometry.padded == 0
+            && start + tile <= end
+            && start + tile <= self.first_position + 1
+            && (geometry.window == 0 || self.last_position < start + geometry.window)
+    }
+}
+
+/// Loads the block's rows of `source` (`[batch, queries, heads · head_dim]`, each pair's own
+/// head) into `rows` (rows padded by one vector, zero past the call's width and the block's
+/// last pair), all units of the cube together.
+#[cube]
+pub fn load_pairs<F: Float, N: Size>(
+    source: &Tensor<Vector<F, N>>,
+    rows: &mut SharedMemory<Vector<F, N>>,
+    block: &PairBlock,
+    unit: &Unit,
+    geometry: &Geometry,
+    #[comptime] sizes: KernelSizes,
+) {
+    let mut at = UNIT_POS_X;
+    while at < comptime!(sizes.block * sizes.vectors) {
+        let row = at / sizes.vectors;
+        let vector = at % sizes.vectors;
+        let pair = block.first_pair + row;
+        let mut value = Vector::<F, N>::new(F::new(0.0));
+        if pair < block.end_pair && vector < unit.head_vectors {
+            let query_row = unit.query_row(pair, geometry);
+            let from = query_row * unit.row_vectors + unit.head(pair) * unit.head_vectors + vector;
+            value = source[from as usize];
+        }
+        rows[(row * sizes.stride + vector) as usize] = value;
+        at += sizes.units;
+    }
+}
+
 /// Whether query position `position` sees key `key` (padding aside).
 #[cube]
 pub fn in_view(key: u32, position: u32, geometry: &Geometry) -> bool {
     key <= position
         && key < geometry.keys
         && (geometry.window == 0 || key + geometry.window > position)
-}
-
-/// The position of row `UNIT_ROWS · row_group + i` of a block of (query, query head) pairs from
-/// `first_pair`, in groups of `group` heads, the queries after `offset` earlier keys (rows past
-/// the last pair compute on zeros and are not written).
-#[cube]
-pub fn position_of(
-    first_pair: u32,
-    row_group: u32,
-    #[comptime] i: u32,
-    group: u32,
-    offset: u32,
-) -> u32 {
-    (first_pair + row_group * UNIT_ROWS + i) / group + offset
 }
 
 /// The score of a dot product and, with a soft-cap, `tanh(s / c)` (for the backward pass's
@@ -150,6 +328,17 @@ pub fn scored(dot: f32, geometry: &Geometry) -> (f32, f32) {
     (score, tanh)
 }
 
+/// A score's gradient `dS = P (dP − D)` from its weight `P`, `dP` (`dO · v`) and its row's `D`,
+/// through the soft-cap's `1 − tanh²` where there is one.
+#[cube]
+pub fn score_grad(weight: f32, d_weight: f32, delta: f32, tanh: f32, geometry: &Geometry) -> f32 {
+    let mut d_score = weight * (d_weight - delta);
+    if geometry.softcap > 0.0 {
+        d_score *= 1.0 - tanh * tanh;
+    }
+    d_score
+}
+
 /// Which rows of one head [`load_rows`] reads: storage rows `first_row ..` (`count` of them) of
 /// a tensor whose rows are `row_vectors` vectors wide, the head's `head_vectors` vectors
 /// starting at vector `column`.
@@ -162,7 +351,7 @@ pub struct HeadRows {
     pub head_vectors: u32,
 }
 
-/// Loads `from`'s rows of `source` into `tile` (`rows` rows of `width / N + 1` vectors, the
+/// Loads `from`'s rows of `source` into `tile` (`rows` rows of `sizes.stride` vectors, the
 /// head's vectors first, zero past `head_vectors` and for rows past `count`), all units of the
 /// cube together.
 #[cube]
@@ -171,23 +360,20 @@ pub fn load_rows<F: Float, N: Size>(
     tile: &mut SharedMemory<Vector<F, N>>,
     from: &HeadRows,
     #[comptime] rows: u32,
-    #[comptime] width: u32,
-    #[comptime] units: u32,
+    #[comptime] sizes: KernelSizes,
 ) {
-    let n = N::value().comptime() as u32;
-    let vectors = comptime!(width / n);
-    let total = comptime!(rows * width / n);
+    let total = comptime!(rows * sizes.vectors);
     let mut at = UNIT_POS_X;
     while at < total {
-        let row = at / vectors;
-        let vector = at % vectors;
+        let row = at / sizes.vectors;
+        let vector = at % sizes.vectors;
         let mut value = Vector::<F, N>::new(F::new(0.0));
         if row < from.count && vector < from.head_vectors {
             value =
                 source[((from.first_row + row) * from.row_vectors + from.column + vector) as usize];
         }
-        tile[(row * comptime!(vectors + 1) + vector) as usize] = value;
-        at += units;
+        tile[(row * sizes.stride + vector) as usize] = value;
+        at += sizes.units;
     }
 }
 
@@ -201,12 +387,12 @@ pub struct KeySource {
 
 #[cube]
 impl KeySource {
-    /// Sequence `batch`'s key/value head `kv_head`.
-    pub fn new(geometry: &Geometry, batch: u32, kv_head: u32) -> KeySource {
+    /// The sequence and key/value head of `unit`'s cube.
+    pub fn new(geometry: &Geometry, unit: &Unit) -> KeySource {
         KeySource {
             geometry: *geometry,
-            batch,
-            kv_head,
+            batch: unit.batch,
+            kv_head: unit.kv_head,
         }
     }
 }
@@ -226,14 +412,13 @@ pub struct KeyTile<F: Float, N: Size> {
 
 #[cube]
 impl<F: Float, N: Size> KeyTile<F, N> {
-    /// Shared memory for `tiling.tile` keys.
-    pub fn new(#[comptime] tiling: Tiling) -> Self {
-        let n = N::value().comptime() as u32;
-        let rows = comptime!(tiling.tile * (tiling.width / n + 1));
+    /// Shared memory for `sizes.tile` keys.
+    pub fn new(#[comptime] sizes: KernelSizes) -> Self {
+        let rows = comptime!((sizes.tile * sizes.stride) as usize);
         KeyTile::<F, N> {
-            keys: SharedMemory::<Vector<F, N>>::new(rows as usize),
-            values: SharedMemory::<Vector<F, N>>::new(rows as usize),
-            padding: SharedMemory::<f32>::new(comptime!(tiling.tile as usize)),
+            keys: SharedMemory::<Vector<F, N>>::new(rows),
+            values: SharedMemory::<Vector<F, N>>::new(rows),
+            padding: SharedMemory::<f32>::new(comptime!(sizes.tile as usize)),
         }
     }
 
@@ -248,12 +433,12 @@ impl<F: Float, N: Size> KeyTile<F, N> {
         source: &KeySource,
         start: u32,
         end: u32,
-        #[comptime] tiling: Tiling,
+        #[comptime] sizes: KernelSizes,
     ) {
-        let (tile, units) = comptime!((tiling.tile, tiling.units()));
+        let tile = comptime!(sizes.tile);
         let count = min(tile, end - start);
         let geometry = source.geometry;
-        let head_vectors = geometry.head_dim / N::value().comptime() as u32;
+        let head_vectors = geometry.head_dim / sizes.vector;
         let from = HeadRows {
             first_row: source.batch * geometry.key_rows + geometry.key_first + start,
             count,
@@ -261,12 +446,37 @@ impl<F: Float, N: Size> KeyTile<F, N> {
             column: source.kv_head * head_vectors,
             head_vectors,
         };
-        load_rows::<F, N>(key, &mut self.keys, &from, tile, tiling.width, units);
-        load_rows::<F, N>(value, &mut self.values, &from, tile, tiling.width, units);
+        load_rows::<F, N>(key, &mut self.keys, &from, tile, sizes);
+        load_rows::<F, N>(value, &mut self.values, &from, tile, sizes);
         if geometry.padded == 1 {
             let first = source.batch * geometry.keys + start;
-            load_scalars::<F>(key_padding, &mut self.padding, first, count, tile, units);
+            load_scalars::<F>(
+                key_padding,
+                &mut self.padding,
+                first,
+                count,
+                tile,
+                sizes.units,
+            );
         }
+    }
+
+    /// Whether a query at `position` sees key `column` of this tile, loaded from key `start`
+    /// (keys from `end` on are not the block's), its padding included.
+    pub fn sees(
+        &self,
+        column: u32,
+        start: u32,
+        end: u32,
+        position: u32,
+        geometry: &Geometry,
+    ) -> bool {
+        let key = start + column;
+        let mut visible = key < end && in_view(key, position, geometry);
+        if geometry.padded == 1 {
+            visible = visible && self.padding[column as usize] < 0.5;
+        }
+        visible
     }
 }
 
@@ -297,6 +507,23 @@ pub fn load_scalars<F: Float>(
 /// one load).
 pub type RowsVector = Vector<f32, Const<4>>;
 
+/// A unit's scores of a tile (its rows by its tile columns, as [`tile_dots`] leaves them).
+#[cube]
+pub fn unit_scores(#[comptime] sizes: KernelSizes) -> Array<f32> {
+    Array::<f32>::new(comptime!((UNIT_ROWS * sizes.cols) as usize))
+}
+
+/// A unit's accumulator of its rows by its vectors of the head, zeroed.
+#[cube]
+pub fn zeroed_rows<N: Size>(#[comptime] sizes: KernelSizes) -> Array<Vector<f32, N>> {
+    let mut acc = Array::<Vector<f32, N>>::new(comptime!((UNIT_ROWS * sizes.out_vectors) as usize));
+    #[unroll]
+    for x in 0..comptime!(UNIT_ROWS * sizes.out_vectors) {
+        acc[x as usize] = Vector::<f32, N>::new(0.0);
+    }
+    acc
+}
+
 /// The unit's dot products of a tile: `dots[i · cols + j] = block[r_i] · tile[c_j]` over the
 /// compiled width, for its rows `r_i = row_group · UNIT_ROWS + i` and its tile columns `c_j =
 /// lane + j · lanes` (both shared memory of rows padded by one vector).
@@ -305,34 +532,30 @@ pub fn tile_dots<F: Float, N: Size>(
     block: &SharedMemory<Vector<F, N>>,
     tile: &SharedMemory<Vector<F, N>>,
     dots: &mut Array<f32>,
-    row_group: u32,
-    lane: u32,
-    #[comptime] tiling: Tiling,
+    unit: &Unit,
+    #[comptime] sizes: KernelSizes,
 ) {
-    let n = N::value().comptime() as u32;
-    let vectors = comptime!(tiling.width / n);
-    let stride = comptime!(vectors + 1);
-    let cols = comptime!(tiling.tile / tiling.lanes);
+    let cols = comptime!(sizes.cols);
     let mut rows = Array::<Vector<f32, N>>::new(comptime!(UNIT_ROWS as usize));
     #[unroll]
     for x in 0..comptime!(UNIT_ROWS * cols) {
         dots[x as usize] = 0.0;
     }
-    for vector in 0..vectors {
+    for vector in 0..sizes.vectors {
         #[unroll]
         for i in 0..UNIT_ROWS {
-            let at = ((row_group * UNIT_ROWS + i) * stride + vector) as usize;
+            let at = ((unit.row_group * UNIT_ROWS + i) * sizes.stride + vector) as usize;
             rows[i as usize] = Vector::<f32, N>::cast_from(block[at]);
         }
         #[unroll]
         for j in 0..cols {
-            let at = ((lane + j * tiling.lanes) * stride + vector) as usize;
+            let at = ((unit.lane + j * sizes.lanes) * sizes.stride + vector) as usize;
             let column = Vector::<f32, N>::cast_from(tile[at]);
             #[unroll]
             for i in 0..UNIT_ROWS {
                 let row = rows[i as usize];
                 #[unroll]
-                for l in 0..n {
+                for l in 0..sizes.vector {
                     dots[(i * cols + j) as usize] += row[l as usize] * column[l as usize];
                 }
             }
@@ -346,12 +569,10 @@ pub fn tile_dots<F: Float, N: Size>(
 pub fn store_columns(
     values: &Array<f32>,
     weights: &mut SharedMemory<RowsVector>,
-    row_group: u32,
-    lane: u32,
-    #[comptime] tiling: Tiling,
+    unit: &Unit,
+    #[comptime] sizes: KernelSizes,
 ) {
-    let cols = comptime!(tiling.tile / tiling.lanes);
-    let groups = comptime!(tiling.block / UNIT_ROWS);
+    let cols = comptime!(sizes.cols);
     #[unroll]
     for j in 0..cols {
         let mut column = RowsVector::empty();
@@ -359,7 +580,7 @@ pub fn store_columns(
         for i in 0..UNIT_ROWS {
             column[i as usize] = values[(i * cols + j) as usize];
         }
-        weights[((lane + j * tiling.lanes) * groups + row_group) as usize] = column;
+        weights[((unit.lane + j * sizes.lanes) * sizes.groups + unit.row_group) as usize] = column;
     }
 }
 
@@ -370,25 +591,63 @@ pub fn accumulate<F: Float, N: Size>(
     weights: &SharedMemory<RowsVector>,
     rows: &SharedMemory<Vector<F, N>>,
     acc: &mut Array<Vector<f32, N>>,
-    row_group: u32,
-    lane: u32,
-    #[comptime] tiling: Tiling,
+    unit: &Unit,
+    #[comptime] sizes: KernelSizes,
 ) {
-    let n = N::value().comptime() as u32;
-    let stride = comptime!(tiling.width / n + 1);
-    let out_vectors = comptime!(tiling.width / n / tiling.lanes);
-    let groups = comptime!(tiling.block / UNIT_ROWS);
-    for column in 0..tiling.tile {
-        let weight = weights[(column * groups + row_group) as usize];
+    let out_vectors = comptime!(sizes.out_vectors);
+    for column in 0..sizes.tile {
+        let weight = weights[(column * sizes.groups + unit.row_group) as usize];
         #[unroll]
         for m in 0..out_vectors {
-            let at = (column * stride + lane + m * tiling.lanes) as usize;
+            let at = (column * sizes.stride + unit.lane + m * sizes.lanes) as usize;
             let row = Vector::<f32, N>::cast_from(rows[at]);
             #[unroll]
             for i in 0..UNIT_ROWS {
                 let at = (i * out_vectors + m) as usize;
                 acc[at] += Vector::<f32, N>::new(weight[i as usize]) * row;
             }
+        }
+    }
+}
+
+/// `acc += weights · rows` over a tile, for the unit's weights `values` (its rows by its tile
+/// columns): shared with the cube's other units through `weights` first, as each unit reads
+/// every tile column of its rows. The cube is synced after each step, so that the caller may
+/// overwrite the tile next.
+#[cube]
+pub fn accumulate_tile<F: Float, N: Size>(
+    values: &Array<f32>,
+    weights: &mut SharedMemory<RowsVector>,
+    rows: &SharedMemory<Vector<F, N>>,
+    acc: &mut Array<Vector<f32, N>>,
+    unit: &Unit,
+    #[comptime] sizes: KernelSizes,
+) {
+    store_columns(values, weights, unit, sizes);
+    sync_cube();
+    accumulate::<F, N>(weights, rows, acc, unit, sizes);
+    sync_cube();
+}
+
+/// Writes the unit's row `i` of `acc` times `factor` to `output` from vector `out_at`: its
+/// vectors of the head, those within the call's width.
+#[cube]
+pub fn store_row<O: Float, N: Size>(
+    output: &mut Tensor<Vector<O, N>>,
+    acc: &Array<Vector<f32, N>>,
+    factor: f32,
+    out_at: u32,
+    unit: &Unit,
+    #[comptime] i: u32,
+    #[comptime] sizes: KernelSizes,
+) {
+    #[unroll]
+    for m in 0..sizes.out_vectors {
+        let column = unit.lane + m * sizes.lanes;
+        if column < unit.head_vectors {
+            let at = (i * sizes.out_vectors + m) as usize;
+            output[(out_at + column) as usize] =
+                Vector::<O, N>::cast_from(acc[at] * Vector::<f32, N>::new(factor));
         }
     }
 }
