@@ -44,132 +44,37 @@ pub fn cuda_sources(dtype: &str, head_dim: usize, shared_memory: usize) -> Vec<K
         "bf16" => DType::BF16,
         other => panic!("no dtype {other}"),
     };
-    let (storage, element): (StorageType, usize) = (dtype_of.into(), dtype_of.size());
+    let storage: StorageType = dtype_of.into();
     let vector = tiling::vector_size(head_dim, 4);
-    let tiling_of = |pass| {
-        let sizes = Sizes {
-            head_dim,
-            element,
-            rows: 4096,
-            vector,
-            shared_memory,
-            max_units: 1024,
-        };
-        tiling::tiling(pass, sizes, TileRule::Auto)
+    let sizes = Sizes {
+        head_dim,
+        element: dtype_of.size(),
+        rows: 4096,
+        vector,
+        shared_memory,
+        max_units: 1024,
     };
-    let tensor = || TensorCompilationArg { inplace: None };
-    let geometry = || GeometryCompilationArg {
-        heads: (),
-        kv_heads: (),
-        head_dim: (),
-        queries: (),
-        keys: (),
-        key_first: (),
-        key_rows: (),
-        window: (),
-        scale: (),
-        softcap: (),
-        padded: (),
-        with_sinks: (),
-        splits: (),
-        split_len: (),
-    };
-    let settings =
-        |tiling: &Tiling| KernelSettings::default().cube_dim(CubeDim::new_1d(tiling.units()));
-    let mut sources = Vec::new();
-    let mut push =
-        |pass: &str, tiling: &Tiling, units: u32, memory: usize, kernel: &dyn CubeKernel| {
-            let definition = kernel.define();
-            let entry = definition.options.kernel_name.clone();
-            sources.push(KernelSource {
-                name: format!(
-                    "{pass} {dtype} w{} b{} t{} l{}",
-                    tiling.width, tiling.block, tiling.tile, tiling.lanes
-                ),
+    let mut sources: Vec<KernelSource> = [Pass::Forward, Pass::QueryGrad, Pass::KeyValueGrad]
+        .into_iter()
+        .map(|pass| {
+            let tiling = tiling::tiling(pass, sizes, TileRule::Auto);
+            let kernel = simt_kernel(&client, pass, tiling, vector, storage);
+            let (entry, source) = defined(&*kernel);
+            KernelSource {
+                name: variant_name(pass_name(pass), dtype, &tiling),
                 entry,
-                units,
-                shared_memory: memory,
-                source: cuda(definition),
-            });
-        };
-
-    let forward = tiling_of(Pass::Forward);
-    let kernel = simt::flash_forward::FlashForward::<WgpuRuntime>::new(
-        settings(&forward),
-        client.clone(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        geometry(),
-        vector,
-        forward,
-        [storage, storage],
-    );
-    let memory = tiling::shared_memory(Pass::Forward, &forward, element, vector);
-    push("forward", &forward, forward.units(), memory, &kernel);
-
-    let query_grad = tiling_of(Pass::QueryGrad);
-    let kernel = simt::flash_query_grad::FlashQueryGrad::<WgpuRuntime>::new(
-        settings(&query_grad),
-        client.clone(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        geometry(),
-        vector,
-        query_grad,
-        storage,
-    );
-    let memory = tiling::shared_memory(Pass::QueryGrad, &query_grad, element, vector);
-    push(
-        "query-grad",
-        &query_grad,
-        query_grad.units(),
-        memory,
-        &kernel,
-    );
-
-    let key_grad = tiling_of(Pass::KeyValueGrad);
-    let kernel = simt::flash_key_value_grad::FlashKeyValueGrad::<WgpuRuntime>::new(
-        settings(&key_grad),
-        client.clone(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        tensor(),
-        geometry(),
-        vector,
-        key_grad,
-        storage,
-    );
-    let memory = tiling::shared_memory(Pass::KeyValueGrad, &key_grad, element, vector);
-    push(
-        "key-value-grad",
-        &key_grad,
-        key_grad.units(),
-        memory,
-        &kernel,
-    );
+                units: tiling.units(),
+                shared_memory: tiling::shared_memory(pass, &tiling, sizes.element, vector),
+                source,
+            }
+        })
+        .collect();
 
     let combine = Tiling {
+        width: tiling::compiled_width(head_dim),
         block: 0,
         tile: 0,
         lanes: 0,
-        ..forward
     };
     let kernel = simt::flash_combine::FlashCombine::<WgpuRuntime>::new(
         KernelSettings::default().cube_dim(CubeDim::new_1d(super::cube::COMBINE_UNITS)),
@@ -186,8 +91,91 @@ pub fn cuda_sources(dtype: &str, head_dim: usize, shared_memory: usize) -> Vec<K
         vector,
         storage,
     );
-    push("combine", &combine, super::cube::COMBINE_UNITS, 0, &kernel);
+    let (entry, source) = defined(&kernel);
+    sources.push(KernelSource {
+        name: variant_name("combine", dtype, &combine),
+        entry,
+        units: super::cube::COMBINE_UNITS,
+        shared_memory: 0,
+        source,
+    });
     sources
+}
+
+/// A kernel's name in the report.
+fn pass_name(pass: Pass) -> &'static str {
+    match pass {
+        Pass::Forward => "forward",
+        Pass::QueryGrad => "query-grad",
+        Pass::KeyValueGrad => "key-value-grad",
+    }
+}
+
+/// `kernel` in `dtype` at `tiling`, e.g. `forward f32 w64 b64 t32 l8`.
+fn variant_name(kernel: &str, dtype: &str, tiling: &Tiling) -> String {
+    format!(
+        "{kernel} {dtype} w{} b{} t{} l{}",
+        tiling.width, tiling.block, tiling.tile, tiling.lanes
+    )
+}
+
+/// The argument a kernel's definition takes for each of its tensors.
+fn tensor() -> TensorCompilationArg {
+    TensorCompilationArg { inplace: None }
+}
+
+/// The SIMT kernel of `pass` at `tiling`, for `storage` inputs loaded in vectors of `vector`.
+fn simt_kernel(
+    client: &ComputeClient<WgpuRuntime>,
+    pass: Pass,
+    tiling: Tiling,
+    vector: usize,
+    storage: StorageType,
+) -> Box<dyn CubeKernel> {
+    let settings = KernelSettings::default().cube_dim(CubeDim::new_1d(tiling.units()));
+    let client = client.clone();
+    let geometry = GeometryCompilationArg {
+        heads: (),
+        kv_heads: (),
+        head_dim: (),
+        queries: (),
+        keys: (),
+        key_first: (),
+        key_rows: (),
+        window: (),
+        scale: (),
+        softcap: (),
+        padded: (),
+        with_sinks: (),
+        splits: (),
+        split_len: (),
+    };
+    // One `tensor()` per tensor of the kernel, in its order; the kernels differ in how many.
+    #[rustfmt::skip]
+    let kernel: Box<dyn CubeKernel> = match pass {
+        Pass::Forward => Box::new(simt::flash_forward::FlashForward::<WgpuRuntime>::new(
+            settings, client, tensor(), tensor(), tensor(), tensor(), tensor(), tensor(), tensor(),
+            geometry, vector, tiling, [storage, storage],
+        )),
+        Pass::QueryGrad => Box::new(simt::flash_query_grad::FlashQueryGrad::<WgpuRuntime>::new(
+            settings, client, tensor(), tensor(), tensor(), tensor(), tensor(), tensor(), tensor(),
+            tensor(), geometry, vector, tiling, storage,
+        )),
+        Pass::KeyValueGrad => Box::new(
+            simt::flash_key_value_grad::FlashKeyValueGrad::<WgpuRuntime>::new(
+                settings, client, tensor(), tensor(), tensor(), tensor(), tensor(), tensor(),
+                tensor(), tensor(), tensor(), geometry, vector, tiling, storage,
+            ),
+        ),
+    };
+    kernel
+}
+
+/// `kernel`'s entry point and its CUDA source.
+fn defined(kernel: &dyn CubeKernel) -> (String, String) {
+    let definition = kernel.define();
+    let entry = definition.options.kernel_name.clone();
+    (entry, cuda(definition))
 }
 
 /// `definition` as cubecl's CUDA compiler writes it for an H100/H200 (`sm_90`), checked bounds
