@@ -6,12 +6,15 @@
 //!   gradient, key/value gradient); a tier on tensor cores would sit beside it, chosen in
 //!   `cube.rs` where the device has them
 //! - `tiling.rs`: which compiled variant (head width, vector, block and tile) a call runs
+//! - `forced.rs`: the blocks and tiles the tests force, and so which variants lavapipe has run
 //! - `cube.rs`: [`FlashBackend`] on a plain `CubeBackend`: launches on its tensors
 //! - `fusion.rs`: [`FlashBackend`] on `Fusion<B>`: each call one custom operation of the fusion
 //!   stream, run by `B`'s launches when the stream reaches it
 //! - `op.rs`: the kernel as a Burn operation, with its autodiff node
 
 mod cube;
+#[cfg(any(all(test, feature = "wgpu"), feature = "kernel-report"))]
+mod forced;
 mod fusion;
 mod op;
 #[cfg(feature = "kernel-report")]

@@ -2,24 +2,37 @@
 //! directly: blocks and tiles of several sizes (not only those the rule picks for a shape), head
 //! widths 64 and 128, a padded width (72 in 80's kernel, four lanes) and a width loaded in
 //! vectors of 2; grouped heads packed into blocks, windows, padding, a scale, a soft-cap and
-//! sinks; a decoding step over a cache's storage rows, whole and split. Forward: output and
-//! log-sum-exp; backward: the query, key and value gradients.
+//! sinks; a decoding step over a cache's storage rows, whole and split; and the stand-ins for
+//! the tilings larger devices get, cubes of 128 units among them, in f32 and f16. Forward: output
+//! and log-sum-exp; backward: the query, key and value gradients. The forced blocks and tiles
+//! are `forced.rs`'s, which the kernel report reads too.
 //!
 //! On Burn's plain wgpu `CubeBackend` (the fused backend reaches the same launches through its
 //! stream: the layer's tests cover it).
 
-use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
+use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::prelude::*;
-use burn::tensor::TensorPrimitive;
 use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, TensorPrimitive, f16};
 
-use super::tiling::TileRule;
+use super::forced::{self, Forced};
+use super::tiling::{Pass, TileRule};
 use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors};
 
+/// The kernels' backend; the tensors of each call are in the float type the case asks for.
 type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
 
-/// The largest error allowed, relative to the largest magnitude of the compared tensor.
+/// The largest error allowed, relative to the largest magnitude of the compared tensor, in f32:
+/// the rounding of the kernels' sums.
 const TOL: f64 = 1e-5;
+/// The same in f16, whose inputs the reference reads rounded as the kernels do: above all the
+/// rounding of each output to f16.
+const HALF_TOL: f64 = 1e-3;
+
+/// The error allowed in `dtype`.
+fn tolerance(dtype: DType) -> f64 {
+    if dtype == DType::F16 { HALF_TOL } else { TOL }
+}
 
 /// One kernel call's shape and score rule.
 #[derive(Debug, Clone, Copy)]
@@ -118,17 +131,25 @@ struct Inputs {
 }
 
 impl Inputs {
-    fn new(case: &Case, seed: u64) -> Self {
+    /// The inputs as the kernels read them in `dtype` (rounded to it), so that the reference
+    /// computes on the same values.
+    fn new(case: &Case, seed: u64, dtype: DType) -> Self {
         let q = case.batch * case.queries * case.heads * case.head_dim;
         let kv = case.batch * case.key_rows * case.kv_heads * case.head_dim;
+        let rounded = |v: Vec<f32>| -> Vec<f32> {
+            match dtype {
+                DType::F16 => v.into_iter().map(|x| f16::from_f32(x).to_f32()).collect(),
+                _ => v,
+            }
+        };
         // Larger scores than unit vectors give, so that the softmax is not nearly flat.
-        let scaled = |v: Vec<f32>| v.into_iter().map(|x| 2.0 * x).collect();
+        let scaled = |v: Vec<f32>| rounded(v.into_iter().map(|x| 2.0 * x).collect());
         Self {
             query: scaled(values(q, seed)),
             key: scaled(values(kv, seed + 1)),
-            value: values(kv, seed + 2),
-            sinks: values(case.heads, seed + 3),
-            output_grad: values(q, seed + 4),
+            value: rounded(values(kv, seed + 2)),
+            sinks: rounded(values(case.heads, seed + 3)),
+            output_grad: rounded(values(q, seed + 4)),
         }
     }
 }
@@ -227,16 +248,26 @@ fn reference(case: &Case, inputs: &Inputs) -> Reference {
     r
 }
 
-fn device() -> Option<burn::backend::wgpu::WgpuDevice> {
+fn device() -> Option<WgpuDevice> {
     test_support::wgpu_device_for_test("gpu kernel variants")
 }
 
+/// Whether `device`'s adapter computes in f16 (wgpu's `SHADER_F16`).
+fn has_f16(device: &WgpuDevice) -> bool {
+    use cubecl::Runtime;
+    WgpuRuntime::client(device)
+        .properties()
+        .supports_type(cubecl::ir::FloatKind::F16)
+}
+
+/// `data` as a tensor of `shape` in `dtype`.
 fn tensor<const D: usize>(
     data: &[f32],
     shape: [usize; D],
-    device: &burn::backend::wgpu::WgpuDevice,
+    dtype: DType,
+    device: &WgpuDevice,
 ) -> FloatTensor<Plain> {
-    Tensor::<Plain, D>::from_data(TensorData::new(data.to_vec(), shape), device)
+    Tensor::<Plain, D>::from_data(TensorData::new(data.to_vec(), shape), (device, dtype))
         .into_primitive()
         .tensor()
 }
@@ -254,9 +285,9 @@ fn flat(tensor: FloatTensor<Plain>) -> FloatTensor<Plain> {
     burn_cubecl::ops::reshape(tensor, burn::tensor::Shape::new([numel]))
 }
 
-/// `found` within [`TOL`] of `want` relative to `want`'s largest magnitude; rows of `lse` that
-/// see nothing are compared as equal masks.
-fn assert_close(found: &[f64], want: &[f64], what: &str) {
+/// `found` within `tolerance` of `want` relative to `want`'s largest magnitude; rows of `lse`
+/// that see nothing are compared as equal masks.
+fn assert_close(found: &[f64], want: &[f64], tolerance: f64, what: &str) {
     assert_eq!(found.len(), want.len(), "{what}: lengths");
     let scale = want
         .iter()
@@ -266,67 +297,60 @@ fn assert_close(found: &[f64], want: &[f64], what: &str) {
     for (at, (&f, &w)) in found.iter().zip(want).enumerate() {
         let masked = w <= -1e29 && f <= -1e29;
         assert!(
-            masked || (f - w).abs() <= TOL * scale,
+            masked || (f - w).abs() <= tolerance * scale,
             "{what}: element {at}: {f} against {w} (largest magnitude {scale})"
         );
     }
 }
 
-fn tensors(
-    case: &Case,
-    inputs: &Inputs,
-    device: &burn::backend::wgpu::WgpuDevice,
-) -> FlashTensors<Plain> {
+/// The kernels' inputs of `case` in `dtype`.
+fn tensors(case: &Case, inputs: &Inputs, dtype: DType, device: &WgpuDevice) -> FlashTensors<Plain> {
     let (d, b) = (case.head_dim, case.batch);
     let padding: Vec<f32> = (0..b * case.keys)
         .map(|n| f32::from(u8::from(case.is_padding(n / case.keys, n % case.keys))))
         .collect();
+    let per_head =
+        |data: &[f32], rows: usize, heads: usize| tensor(data, [b, rows, heads * d], dtype, device);
     FlashTensors {
-        query: tensor(&inputs.query, [b, case.queries, case.heads * d], device),
-        key: tensor(&inputs.key, [b, case.key_rows, case.kv_heads * d], device),
-        value: tensor(&inputs.value, [b, case.key_rows, case.kv_heads * d], device),
+        query: per_head(&inputs.query, case.queries, case.heads),
+        key: per_head(&inputs.key, case.key_rows, case.kv_heads),
+        value: per_head(&inputs.value, case.key_rows, case.kv_heads),
         key_padding: case
             .padded
-            .then(|| tensor(&padding, [b, case.keys], device)),
+            .then(|| tensor(&padding, [b, case.keys], dtype, device)),
     }
 }
 
-/// The forward pass of `case` with `splits` and `tiles` against the reference.
+/// The forward pass of `case` in `dtype` with `splits` and `tiles` against the reference.
 fn assert_forward(
     case: &Case,
     splits: usize,
     tiles: TileRule,
+    dtype: DType,
     seed: u64,
-    device: &burn::backend::wgpu::WgpuDevice,
+    device: &WgpuDevice,
 ) {
-    let inputs = Inputs::new(case, seed);
+    let inputs = Inputs::new(case, seed, dtype);
     let want = reference(case, &inputs);
     let sinks = case
         .scored
-        .then(|| tensor(&inputs.sinks, [case.heads], device));
+        .then(|| tensor(&inputs.sinks, [case.heads], dtype, device));
     let [output, lse] = Plain::flash_forward(
-        tensors(case, &inputs, device),
+        tensors(case, &inputs, dtype, device),
         sinks,
         case.call(splits, tiles),
     );
-    let what = format!("{case:?}, {splits} splits, {tiles:?}");
-    assert_close(
-        &host(flat(output)),
-        &want.output,
-        &format!("{what}: output"),
-    );
-    assert_close(&host(flat(lse)), &want.lse, &format!("{what}: lse"));
+    let what = format!("{case:?} in {dtype:?}, {splits} splits, {tiles:?}");
+    let allowed = tolerance(dtype);
+    let [output, lse] = [output, lse].map(|tensor| host(flat(tensor)));
+    assert_close(&output, &want.output, allowed, &format!("{what}: output"));
+    assert_close(&lse, &want.lse, allowed, &format!("{what}: lse"));
 }
 
-/// The backward pass of `case` with `tiles` (the log-sum-exp and `D` of the reference) against
-/// the reference.
-fn assert_backward(
-    case: &Case,
-    tiles: TileRule,
-    seed: u64,
-    device: &burn::backend::wgpu::WgpuDevice,
-) {
-    let inputs = Inputs::new(case, seed);
+/// The backward pass of `case` in `dtype` with `tiles` (the log-sum-exp and `D` of the
+/// reference) against the reference.
+fn assert_backward(case: &Case, tiles: TileRule, dtype: DType, seed: u64, device: &WgpuDevice) {
+    let inputs = Inputs::new(case, seed, dtype);
     let want = reference(case, &inputs);
     let d = case.head_dim;
     let rows = case.batch * case.queries * case.heads;
@@ -339,60 +363,51 @@ fn assert_backward(
         .collect();
     let lse: Vec<f32> = want.lse.iter().map(|&x| x as f32).collect();
     let shape = [case.batch, case.queries, case.heads];
+    let output_grad_shape = [case.batch, case.queries, case.heads * d];
+    // The log-sum-exp and `D` are `f32` whatever the inputs' float type.
     let grads = FlashGradInputs {
-        output_grad: tensor(
-            &inputs.output_grad,
-            [case.batch, case.queries, case.heads * d],
-            device,
-        ),
-        lse: tensor(&lse, shape, device),
-        delta: tensor(&delta, shape, device),
+        output_grad: tensor(&inputs.output_grad, output_grad_shape, dtype, device),
+        lse: tensor(&lse, shape, DType::F32, device),
+        delta: tensor(&delta, shape, DType::F32, device),
     };
-    let [query_grad, key_grad, value_grad] =
-        Plain::flash_backward(tensors(case, &inputs, device), grads, case.call(1, tiles));
-    let what = format!("{case:?}, {tiles:?}");
-    assert_close(
-        &host(flat(query_grad)),
-        &want.query_grad,
-        &format!("{what}: query grad"),
+    let [query_grad, key_grad, value_grad] = Plain::flash_backward(
+        tensors(case, &inputs, dtype, device),
+        grads,
+        case.call(1, tiles),
     );
-    assert_close(
-        &host(flat(key_grad)),
-        &want.key_grad,
-        &format!("{what}: key grad"),
-    );
-    assert_close(
-        &host(flat(value_grad)),
-        &want.value_grad,
-        &format!("{what}: value grad"),
-    );
+    let what = format!("{case:?} in {dtype:?}, {tiles:?}");
+    for (name, found, want) in [
+        ("query grad", query_grad, &want.query_grad),
+        ("key grad", key_grad, &want.key_grad),
+        ("value grad", value_grad, &want.value_grad),
+    ] {
+        let what = format!("{what}: {name}");
+        assert_close(&host(flat(found)), want, tolerance(dtype), &what);
+    }
 }
 
-/// Blocks and tiles every pass fits in 32 KiB of shared memory at width 64 (lavapipe's), and the
-/// rule's own choice.
-const VARIANTS_64: [TileRule; 5] = [
-    TileRule::Auto,
-    TileRule::Fixed {
-        block: 32,
-        tile: 16,
-    },
-    TileRule::Fixed {
-        block: 16,
-        tile: 32,
-    },
-    TileRule::Fixed { block: 8, tile: 8 },
-    TileRule::Fixed { block: 4, tile: 16 },
-];
+/// `variant` on `case` (at the variant's head width): the forward pass and the gradients, as far
+/// as it is forced on them, from `seeds`.
+fn assert_forced(case: &Case, variant: &Forced, seeds: [u64; 2], device: &WgpuDevice) {
+    assert_eq!(case.head_dim, variant.head_dim, "{variant:?} on {case:?}");
+    if variant.kernels.runs(Pass::Forward) {
+        assert_forward(case, 1, variant.rule(), variant.dtype, seeds[0], device);
+    }
+    if variant.kernels.runs(Pass::QueryGrad) {
+        assert_backward(case, variant.rule(), variant.dtype, seeds[1], device);
+    }
+}
 
 #[test]
 fn every_variant_at_width_64_with_grouped_heads() {
     let Some(device) = device() else { return };
     // 70 queries by 2 groups of 2 heads: blocks end inside the pairs; full, edge and skipped
-    // tiles.
+    // tiles. The rule's own choice, then the blocks and tiles forced.
     let case = Case::new(2, 70, 4, 2, 64);
-    for (i, tiles) in VARIANTS_64.into_iter().enumerate() {
-        assert_forward(&case, 1, tiles, 10 + i as u64, &device);
-        assert_backward(&case, tiles, 20 + i as u64, &device);
+    assert_forward(&case, 1, TileRule::Auto, DType::F32, 10, &device);
+    assert_backward(&case, TileRule::Auto, DType::F32, 20, &device);
+    for (i, variant) in forced::GROUPED_WIDTH_64.iter().enumerate() {
+        assert_forced(&case, variant, [11 + i as u64, 21 + i as u64], &device);
     }
 }
 
@@ -405,13 +420,9 @@ fn width_128_with_a_window_padding_and_scores() {
         scored: true,
         ..Case::new(2, 41, 2, 1, 128)
     };
-    for (i, tiles) in [TileRule::Auto, TileRule::Fixed { block: 8, tile: 8 }]
-        .into_iter()
-        .enumerate()
-    {
-        assert_forward(&case, 1, tiles, 30 + i as u64, &device);
-        assert_backward(&case, tiles, 40 + i as u64, &device);
-    }
+    assert_forward(&case, 1, TileRule::Auto, DType::F32, 30, &device);
+    assert_backward(&case, TileRule::Auto, DType::F32, 40, &device);
+    assert_forced(&case, &forced::SCORED_WIDTH_128, [31, 41], &device);
 }
 
 #[test]
@@ -431,8 +442,8 @@ fn padded_widths_and_narrow_vectors() {
         },
     ];
     for (i, case) in cases.iter().enumerate() {
-        assert_forward(case, 1, TileRule::Auto, 50 + i as u64, &device);
-        assert_backward(case, TileRule::Auto, 60 + i as u64, &device);
+        assert_forward(case, 1, TileRule::Auto, DType::F32, 50 + i as u64, &device);
+        assert_backward(case, TileRule::Auto, DType::F32, 60 + i as u64, &device);
     }
 }
 
@@ -450,17 +461,50 @@ fn decoding_over_a_cache_whole_and_split() {
         ..Case::new(2, 150, 6, 2, 64)
     };
     for (i, splits) in [1, 4, 7].into_iter().enumerate() {
-        assert_forward(&case, splits, TileRule::Auto, 70 + i as u64, &device);
+        assert_forward(
+            &case,
+            splits,
+            TileRule::Auto,
+            DType::F32,
+            70 + i as u64,
+            &device,
+        );
     }
     let windowed = Case {
         window: Some(40),
         ..case
     };
-    assert_forward(
-        &windowed,
-        3,
-        TileRule::Fixed { block: 8, tile: 16 },
-        80,
-        &device,
-    );
+    let split = forced::SPLIT_DECODING;
+    assert_eq!(split.head_dim, windowed.head_dim);
+    assert_forward(&windowed, 3, split.rule(), split.dtype, 80, &device);
+}
+
+/// The stand-ins for the tilings larger devices get (`forced::STAND_INS`), cubes of 128 units
+/// among them, each in its float type on the kernels it is forced on: 70 queries by a group of 2
+/// heads (blocks end inside the pairs; several tiles of keys, and of queries for the key/value
+/// gradients), plain, then with a window, padding and scores. The f16 ones are skipped, saying
+/// so, on adapters without f16.
+#[test]
+fn the_stand_ins_for_larger_devices_tilings() {
+    let Some(device) = device() else { return };
+    let with_f16 = has_f16(&device);
+    if !with_f16 {
+        eprintln!("gpu kernel variants: the f16 stand-ins skipped: the adapter has no SHADER_F16");
+    }
+    for (i, variant) in forced::STAND_INS.iter().enumerate() {
+        if variant.dtype == DType::F16 && !with_f16 {
+            continue;
+        }
+        let plain = Case::new(2, 70, 2, 1, variant.head_dim);
+        let scored = Case {
+            window: Some(40),
+            padded: true,
+            scored: true,
+            ..plain
+        };
+        for (j, case) in [plain, scored].iter().enumerate() {
+            let seed = 200 + 10 * i as u64 + 2 * j as u64;
+            assert_forced(case, variant, [seed, seed + 1], &device);
+        }
+    }
 }

@@ -29,7 +29,7 @@ const TILES: [u32; 3] = [32, 16, 8];
 pub(crate) enum TileRule {
     /// By this module's rule.
     Auto,
-    /// This block and tile for every kernel of the call (tests).
+    /// This block and tile for every kernel of the call (the tests' variants, `forced.rs`).
     #[cfg_attr(not(test), allow(dead_code))]
     Fixed { block: u32, tile: u32 },
 }
