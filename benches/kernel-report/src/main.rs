@@ -2,7 +2,9 @@
 //! each kernel's source (attention-core's `kernel-report` feature), `nvcc` compiles it for
 //! `sm_90` (H100/H200) with `ptxas -v`, `cuobjdump -sass` disassembles it; one markdown row per
 //! kernel: registers, local-memory (spill) bytes, shared memory, the cubes an SM holds, and the
-//! instruction mix.
+//! instruction mix. After it, one row per tiling: the variant the kernel tests force on lavapipe
+//! (where CI runs them) that stands for it, the same kernel, float type and cube at a tile
+//! lavapipe holds, or that none is tested, or that lavapipe holds none, with the bytes it needs.
 //!
 //! ```text
 //! python3 -m venv ~/cuda-venv && ~/cuda-venv/bin/pip install "nvidia-cuda-nvcc==13.0.*" \
@@ -73,6 +75,7 @@ fn main() -> ExitCode {
     );
     println!("|{}", "---|".repeat(8 + OPCODES.len()));
     let mut failed = false;
+    let mut stand_ins = Vec::new();
     for (budget, bytes) in BUDGETS {
         for dtype in &args.dtypes {
             for &head_dim in &args.head_dims {
@@ -84,9 +87,21 @@ fn main() -> ExitCode {
                             eprintln!("error: {}: {error}", kernel.name);
                         }
                     }
+                    if let Some(stand_in) = &kernel.stand_in {
+                        stand_ins.push(format!(
+                            "| {budget} | {} | {} | {stand_in} |",
+                            kernel.name, kernel.shared_memory
+                        ));
+                    }
                 }
             }
         }
+    }
+    println!();
+    println!("| budget | kernel | shared (B) | lavapipe stand-in |");
+    println!("|---|---|---|---|");
+    for row in stand_ins {
+        println!("{row}");
     }
     if failed {
         ExitCode::FAILURE

@@ -1,7 +1,8 @@
 //! The GPU kernels' CUDA source as cubecl's CUDA compiler writes it, without a CUDA device: each
 //! kernel is defined through a wgpu client (any adapter: the kernels read no device property
 //! when they are defined) and compiled by cubecl-cpp's CUDA dialect, for a report of registers,
-//! spills and shared memory by NVIDIA's own compiler (`benches/kernel-report`).
+//! spills and shared memory by NVIDIA's own compiler (`benches/kernel-report`). With each
+//! kernel, the tested variant that stands for its tiling on lavapipe, where CI runs the tests.
 
 use burn::tensor::DType;
 use cubecl::prelude::*;
@@ -11,6 +12,7 @@ use cubecl_cpp::cuda::CudaDialect;
 use cubecl_cpp::cuda::mma::CudaWmmaCompiler;
 use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
 
+use super::forced::{self, LAVAPIPE_SHARED_MEMORY};
 use super::simt::{self, GeometryCompilationArg, SplitsCompilationArg, Tiling};
 use super::tiling::{self, Pass, Sizes, TileRule};
 
@@ -25,8 +27,40 @@ pub struct KernelSource {
     pub units: u32,
     /// Shared memory per cube, bytes, as the kernels' tiling counts it.
     pub shared_memory: usize,
+    /// What stands for its tiling on lavapipe (see [`StandIn`]); `None` for a kernel without a
+    /// tiling.
+    pub stand_in: Option<StandIn>,
     /// The CUDA C++ source.
     pub source: String,
+}
+
+/// What stands on lavapipe, where CI runs the kernel tests, for a tiling a larger device gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StandIn {
+    /// Variants the tests force of the same kernel, float type, head width and block (so the
+    /// same units a cube): their tiles, the nearest to the tiling's first.
+    Tested { block: u32, tiles: Vec<u32> },
+    /// No test forces one, though lavapipe's shared memory holds the block at `tile`.
+    Untested { block: u32, tile: u32, bytes: usize },
+    /// Lavapipe's shared memory holds no tile of the block: the smallest takes `bytes`.
+    TooLarge { block: u32, bytes: usize },
+}
+
+impl std::fmt::Display for StandIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StandIn::Tested { block, tiles } => {
+                let tiles: Vec<String> = tiles.iter().map(|tile| format!("t{tile}")).collect();
+                write!(f, "tested at b{block} {}", tiles.join(", "))
+            }
+            StandIn::Untested { block, tile, bytes } => {
+                write!(f, "untested: lavapipe holds b{block} t{tile} ({bytes} B)")
+            }
+            StandIn::TooLarge { block, bytes } => {
+                write!(f, "no lavapipe stand-in: b{block} needs {bytes} B at least")
+            }
+        }
+    }
 }
 
 /// The kernels a call of head width `head_dim` in `dtype` (`"f32"`, `"f16"`, `"bf16"`) runs
@@ -65,6 +99,7 @@ pub fn cuda_sources(dtype: &str, head_dim: usize, shared_memory: usize) -> Vec<K
                 entry,
                 units: tiling.units(),
                 shared_memory: tiling::shared_memory(pass, &tiling, sizes.element, vector),
+                stand_in: Some(stand_in(pass, dtype_of, head_dim, &tiling)),
                 source,
             }
         })
@@ -97,6 +132,7 @@ pub fn cuda_sources(dtype: &str, head_dim: usize, shared_memory: usize) -> Vec<K
         entry,
         units: super::cube::COMBINE_UNITS,
         shared_memory: 0,
+        stand_in: None,
         source,
     });
     sources
@@ -176,6 +212,54 @@ fn defined(kernel: &dyn CubeKernel) -> (String, String) {
     let definition = kernel.define();
     let entry = definition.options.kernel_name.clone();
     (entry, cuda(definition))
+}
+
+/// What stands on lavapipe for `production`, the tiling of `pass` for `head_dim` in `dtype` on a
+/// larger device: the forced variants of the same kernel, float type and cube, else the largest
+/// tile of the block lavapipe holds, else the least the block needs.
+fn stand_in(pass: Pass, dtype: DType, head_dim: usize, production: &Tiling) -> StandIn {
+    let block = production.block;
+    // The same width, lanes and block: the same units, each with the same share of a row.
+    let same_cube = |tested: &Tiling| {
+        (tested.width, tested.lanes, tested.block) == (production.width, production.lanes, block)
+    };
+    let mut tiles: Vec<u32> = forced::all()
+        .filter(|variant| variant.kernels.runs(pass) && variant.dtype == dtype)
+        .map(|variant| variant.tiling(pass))
+        .filter(same_cube)
+        .map(|tested| tested.tile)
+        .collect();
+    tiles.sort_by_key(|&tile| (tile.abs_diff(production.tile), std::cmp::Reverse(tile)));
+    tiles.dedup();
+    if !tiles.is_empty() {
+        return StandIn::Tested { block, tiles };
+    }
+    let vector = tiling::vector_size(head_dim, 4);
+    let bytes_at = |tile| {
+        let tiling = Tiling {
+            tile,
+            ..*production
+        };
+        tiling::shared_memory(pass, &tiling, dtype.size(), vector)
+    };
+    let tiles = tiling::TILES
+        .into_iter()
+        .filter(|&tile| tile >= production.lanes && tile.is_multiple_of(production.lanes));
+    let largest_held = tiles
+        .clone()
+        .filter(|&tile| bytes_at(tile) <= LAVAPIPE_SHARED_MEMORY)
+        .max();
+    match largest_held {
+        Some(tile) => StandIn::Untested {
+            block,
+            tile,
+            bytes: bytes_at(tile),
+        },
+        None => StandIn::TooLarge {
+            block,
+            bytes: tiles.map(bytes_at).min().unwrap_or(0),
+        },
+    }
 }
 
 /// `definition` as cubecl's CUDA compiler writes it for an H100/H200 (`sm_90`), checked bounds

@@ -22,7 +22,7 @@ const WIDTHS: [usize; 5] = [64, 80, 96, 128, 256];
 /// The most rows of a block.
 const MAX_BLOCK: u32 = 64;
 /// Tile lengths, longest first.
-const TILES: [u32; 3] = [32, 16, 8];
+pub(crate) const TILES: [u32; 3] = [32, 16, 8];
 
 /// How a call's blocks and tiles are chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
