@@ -300,7 +300,7 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
         if index < geometry.keys {
             let out_at = (unit.batch * geometry.keys + index) * kv_row_vectors + kv_column;
             store_row::<F, N>(key_grad, &d_key, geometry.scale, out_at, &unit, i, sizes);
-            store_row::<F, N>(value_grad, &d_value, 1.0, out_at, &unit, i, sizes);
+            store_row::<F, N>(value_grad, &d_value, 1.0f32, out_at, &unit, i, sizes);
         }
     }
 }
