@@ -39,11 +39,28 @@ pub struct KernelSource {
 pub enum StandIn {
     /// Variants the tests force of the same kernel, float type, head width and block (so the
     /// same units a cube): their tiles, the nearest to the tiling's first.
-    Tested { block: u32, tiles: Vec<u32> },
+    Tested {
+        /// Query rows a cube.
+        block: u32,
+        /// Keys a tile, of each forced variant.
+        tiles: Vec<u32>,
+    },
     /// No test forces one, though lavapipe's shared memory holds the block at `tile`.
-    Untested { block: u32, tile: u32, bytes: usize },
+    Untested {
+        /// Query rows a cube.
+        block: u32,
+        /// Keys a tile, the largest that fits.
+        tile: u32,
+        /// Shared memory at that tile.
+        bytes: usize,
+    },
     /// Lavapipe's shared memory holds no tile of the block: the smallest takes `bytes`.
-    TooLarge { block: u32, bytes: usize },
+    TooLarge {
+        /// Query rows a cube.
+        block: u32,
+        /// Shared memory at the smallest tile.
+        bytes: usize,
+    },
 }
 
 impl std::fmt::Display for StandIn {
