@@ -639,14 +639,9 @@ mod tests {
 
     /// Deterministic values in [-4, 4).
     fn values(len: usize, seed: u32) -> Vec<f32> {
-        let mut state = seed.wrapping_mul(0x9E37_79B9) | 1;
-        (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                (state >> 8) as f32 / (1u32 << 24) as f32 * 8.0 - 4.0
-            })
+        test_support::values(len, seed.into())
+            .into_iter()
+            .map(|x| (4.0 * x) as f32)
             .collect()
     }
 

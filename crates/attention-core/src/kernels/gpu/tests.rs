@@ -108,16 +108,9 @@ impl Case {
 
 /// Deterministic values in `[-1, 1)`.
 fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f64 / (1u64 << 24) as f64 * 2.0 - 1.0) as f32
-        })
+    test_support::values(len, seed)
+        .into_iter()
+        .map(|x| x as f32)
         .collect()
 }
 
