@@ -11,7 +11,8 @@ use burn::prelude::*;
 /// - output: `[batch, heads, seq, head_dim]`
 pub(crate) fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
     let [batch, seq, width] = x.dims();
-    x.reshape([batch, seq, heads, width / heads]).swap_dims(1, 2)
+    x.reshape([batch, seq, heads, width / heads])
+        .swap_dims(1, 2)
 }
 
 /// The inverse of [`split_heads`]: `transpose(1, 2).reshape(b, t, h·hd)`.

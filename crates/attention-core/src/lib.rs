@@ -56,10 +56,10 @@ mod route;
 mod score_rule;
 pub mod weights;
 
+pub use attend::AttentionPath;
 /// The explicit path's softmax, for tests that rebuild a reference from it.
 #[cfg(feature = "test-hooks")]
 pub use attend::masked_softmax;
-pub use attend::AttentionPath;
 pub use cache::KvCache;
 pub use causal::causal_attention;
 pub use error::AttentionError;

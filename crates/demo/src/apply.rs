@@ -3,8 +3,8 @@
 
 use attention_core::weights::{AttentionParams, LayerWeights, StateDict};
 use attention_core::{
-    AttentionError, AttentionInput, MultiHeadAttention, MultiHeadAttentionConfig, QkNormConfig, QkNormScope,
-    RopeConfig, RopeLayout, RopeScaling,
+    AttentionError, AttentionInput, MultiHeadAttention, MultiHeadAttentionConfig, QkNormConfig,
+    QkNormScope, RopeConfig, RopeLayout, RopeScaling,
 };
 use burn::backend::Autodiff;
 use burn::prelude::*;

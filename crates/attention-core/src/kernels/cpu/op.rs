@@ -16,9 +16,9 @@ use burn::tensor::{Bool, DType, Element, TensorData, TensorPrimitive};
 
 use super::host_cache::{HostStorage, with_host_kv};
 use super::kernel::{self, Dims, Forward, Inputs, KernelFloat, Scoring};
-use crate::score_rule::{ScoreRule, scale_for};
 use crate::kernels::inputs::KernelInputs;
 use crate::kernels::{CachedInputs, KvStorage, same_type};
+use crate::score_rule::{ScoreRule, scale_for};
 
 /// The kernel's forward pass as a plain function of host data (on any backend: `Bare`, which `B`
 /// is, is not needed).
