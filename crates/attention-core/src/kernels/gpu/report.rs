@@ -298,3 +298,67 @@ fn cuda(definition: cubecl::prelude::KernelDefinition) -> String {
         .expect("cubecl's CUDA compiler takes the kernels")
         .to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shared memory per cube: CUDA's on an H100/H200, and Vulkan's common 48 KiB.
+    const CUDA: usize = 227 << 10;
+    const VULKAN: usize = 48 << 10;
+
+    /// The stand-in of the tiling the rule picks for `pass` on a device with `shared_memory`.
+    fn stand_in_on(pass: Pass, dtype: DType, head_dim: usize, shared_memory: usize) -> StandIn {
+        let vector = tiling::vector_size(head_dim, 4);
+        let sizes = Sizes {
+            head_dim,
+            element: dtype.size(),
+            rows: 4096,
+            vector,
+            shared_memory,
+            max_units: 1024,
+        };
+        let production = tiling::tiling(pass, sizes, TileRule::Auto);
+        stand_in(pass, dtype, head_dim, &production)
+    }
+
+    #[test]
+    fn every_vulkan_tiling_has_a_tested_stand_in() {
+        for pass in [Pass::Forward, Pass::QueryGrad, Pass::KeyValueGrad] {
+            for dtype in [DType::F32, DType::F16] {
+                for head_dim in [64, 128] {
+                    let found = stand_in_on(pass, dtype, head_dim, VULKAN);
+                    assert!(
+                        matches!(found, StandIn::Tested { .. }),
+                        "{pass:?} {dtype:?} width {head_dim}: {found}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn cudas_128_unit_cubes_are_tested_where_lavapipe_holds_them() {
+        // The forward's 64-row cubes in f32 and f16, and f16's 64-row gradient cubes.
+        for (pass, dtype) in [
+            (Pass::Forward, DType::F32),
+            (Pass::Forward, DType::F16),
+            (Pass::QueryGrad, DType::F16),
+            (Pass::KeyValueGrad, DType::F16),
+        ] {
+            let found = stand_in_on(pass, dtype, 64, CUDA);
+            assert!(
+                matches!(&found, StandIn::Tested { block: 64, .. }),
+                "{pass:?} {dtype:?}: {found}"
+            );
+        }
+        // f32's 64-row gradient cubes need more than lavapipe's 32 KiB at any tile.
+        for pass in [Pass::QueryGrad, Pass::KeyValueGrad] {
+            let found = stand_in_on(pass, DType::F32, 64, CUDA);
+            assert!(
+                matches!(found, StandIn::TooLarge { block: 64, bytes } if bytes > LAVAPIPE_SHARED_MEMORY),
+                "{pass:?}: {found}"
+            );
+        }
+    }
+}
