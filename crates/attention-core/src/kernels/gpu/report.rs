@@ -96,15 +96,8 @@ pub fn cuda_sources(dtype: &str, head_dim: usize, shared_memory: usize) -> Vec<K
         other => panic!("no dtype {other}"),
     };
     let storage: StorageType = dtype_of.into();
-    let vector = tiling::vector_size(head_dim, 4);
-    let sizes = Sizes {
-        head_dim,
-        element: dtype_of.size(),
-        rows: 4096,
-        vector,
-        shared_memory,
-        max_units: 1024,
-    };
+    let sizes = production_sizes(dtype_of, head_dim, shared_memory);
+    let vector = sizes.vector;
     let mut sources: Vec<KernelSource> = [Pass::Forward, Pass::QueryGrad, Pass::KeyValueGrad]
         .into_iter()
         .map(|pass| {
@@ -224,6 +217,19 @@ fn simt_kernel(
     kernel
 }
 
+/// What the tiling rule is asked for a long call of heads `head_dim` wide in `dtype` on a device
+/// with `shared_memory` bytes a cube: the tilings the report compiles.
+fn production_sizes(dtype: DType, head_dim: usize, shared_memory: usize) -> Sizes {
+    Sizes {
+        head_dim,
+        element: dtype.size(),
+        rows: 4096,
+        vector: tiling::vector_size(head_dim, 4),
+        shared_memory,
+        max_units: 1024,
+    }
+}
+
 /// `kernel`'s entry point and its CUDA source.
 fn defined(kernel: &dyn CubeKernel) -> (String, String) {
     let definition = kernel.define();
@@ -309,15 +315,7 @@ mod tests {
 
     /// The stand-in of the tiling the rule picks for `pass` on a device with `shared_memory`.
     fn stand_in_on(pass: Pass, dtype: DType, head_dim: usize, shared_memory: usize) -> StandIn {
-        let vector = tiling::vector_size(head_dim, 4);
-        let sizes = Sizes {
-            head_dim,
-            element: dtype.size(),
-            rows: 4096,
-            vector,
-            shared_memory,
-            max_units: 1024,
-        };
+        let sizes = production_sizes(dtype, head_dim, shared_memory);
         let production = tiling::tiling(pass, sizes, TileRule::Auto);
         stand_in(pass, dtype, head_dim, &production)
     }
