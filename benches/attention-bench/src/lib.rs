@@ -468,7 +468,7 @@ fn core_fn<B: Backend>(
     let (heads, window) = (shape.heads, shape.window);
     if implementation == Impl::Fused {
         return Box::new(move || {
-            causal_attention(q.clone(), k.clone(), v.clone(), heads, window).expect("shapes fit")
+            causal_attention(q.clone(), k.clone(), v.clone(), heads, window, None).expect("shapes fit")
         });
     }
     let group = shape.heads / shape.kv_heads;

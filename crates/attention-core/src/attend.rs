@@ -8,6 +8,7 @@ use burn::tensor::Bool;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 
+use crate::documents::Documents;
 use crate::mask::attention_mask;
 use crate::score_rule::ScoreRule;
 
@@ -50,8 +51,8 @@ pub(crate) struct AttentionScores<B: Backend> {
     pub weights: Tensor<B, 4>,
 }
 
-/// The mask of queries `q` that follow `past` cached positions, with optional key padding and
-/// sliding window.
+/// The mask of queries `q` that follow `past` cached positions, with optional key padding,
+/// sliding window and documents (these with `past = 0`).
 ///
 /// # Shapes
 /// - `q`: `[batch, heads, queries, head_dim]`; `key_padding`: `[batch, past + queries]`
@@ -61,14 +62,22 @@ pub(crate) fn mask_for<B: Backend>(
     past: usize,
     key_padding: Option<Tensor<B, 2, Bool>>,
     window: Option<usize>,
+    documents: Option<&Documents>,
 ) -> Tensor<B, 4, Bool> {
     let [batch, heads, queries, _] = q.dims();
-    attention_mask(
-        [batch, heads, queries, past],
-        key_padding,
-        window,
-        &q.device(),
-    )
+    let device = q.device();
+    let mask = attention_mask([batch, heads, queries, past], key_padding, window, &device);
+    match documents {
+        Some(documents) => {
+            let keys = past + queries;
+            let across = documents
+                .mask::<B>(&device)
+                .reshape([batch, 1, queries, keys])
+                .expand([batch, heads, queries, keys]);
+            mask.bool_or(across)
+        }
+        None => mask,
+    }
 }
 
 /// The chapter's attention: `dropout(softmax(masked_fill(q kᵀ, mask, -inf) / √head_dim)) v`, with
@@ -178,8 +187,8 @@ fn softmax_with_sinks<B: Backend>(
 }
 
 /// Burn's fused attention op, with the causal mask aligned bottom-right (`queries < keys` means
-/// the queries are the last positions), an optional key-padding mask and an optional sliding
-/// window. Scale left at its default `1/√head_dim`: passing it explicitly sends cubecl to its
+/// the queries are the last positions), an optional key-padding mask, an optional sliding
+/// window and optional documents (which travel in the mask: Burn's op has no document mask). Scale left at its default `1/√head_dim`: passing it explicitly sends cubecl to its
 /// slow fallback.
 ///
 /// Burn 0.21 workaround. Burn 0.21's op has two causal conventions: its fallback aligns the mask bottom-right, cubek's
@@ -199,6 +208,7 @@ pub(crate) fn fused<B: Backend>(
     v: Tensor<B, 4>,
     key_padding: Option<Tensor<B, 2, Bool>>,
     window: Option<usize>,
+    documents: Option<&Documents>,
     rule: &ScoreRule<B>,
 ) -> Tensor<B, 4> {
     debug_assert!(rule.sinks.is_none(), "Burn's attention op has no sinks");
@@ -206,9 +216,9 @@ pub(crate) fn fused<B: Backend>(
     let keys = k.dims()[2];
     let window = window.filter(|&window| window < keys);
     let square = queries == keys;
-    let (mask, is_causal) = if window.is_some() || (!square && queries > 1) {
+    let (mask, is_causal) = if window.is_some() || documents.is_some() || (!square && queries > 1) {
         (
-            Some(mask_for(&q, keys - queries, key_padding, window)),
+            Some(mask_for(&q, keys - queries, key_padding, window, documents)),
             square,
         )
     } else {

@@ -194,6 +194,62 @@ pub enum AttentionError {
         /// The heads asked for.
         heads: usize,
     },
+    /// Document boundaries whose `[batch, seq]` is not the input's.
+    #[error("documents cover shape {found:?}, expected [batch, seq] = {expected:?}")]
+    DocumentsShape {
+        /// `[batch, seq]` of the input.
+        expected: [usize; 2],
+        /// The documents' `[batch, seq]`.
+        found: [usize; 2],
+    },
+    /// A segment id that does not describe documents in order.
+    #[error("segment id {id} at row {row}, position {position} {problem}")]
+    SegmentIds {
+        /// The row of the id.
+        row: usize,
+        /// Its position in the row.
+        position: usize,
+        /// The id.
+        id: i64,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// A document of no tokens.
+    #[error("document {document} of row {row} is empty: every document has a token at least")]
+    EmptyDocument {
+        /// The row.
+        row: usize,
+        /// The document's index in the row.
+        document: usize,
+    },
+    /// A row whose documents do not add up to the row's length.
+    #[error("the documents of row {row} hold {sum} tokens, the rows hold {seq}")]
+    DocumentsDoNotFill {
+        /// The row.
+        row: usize,
+        /// Its documents' tokens.
+        sum: usize,
+        /// The rows' length (the first row's sum).
+        seq: usize,
+    },
+    /// Key padding that covers part of a document only: a document is padding or is not.
+    #[error(
+        "the key-padding mask pads part of document {document} of row {row}: a document must be \
+         all padding or none"
+    )]
+    PaddingSplitsDocument {
+        /// The row.
+        row: usize,
+        /// The document's index in the row.
+        document: usize,
+    },
+    /// Document boundaries given to a cached (decoding) call, which continues one sequence per
+    /// row.
+    #[error(
+        "document boundaries are for whole packed rows (`forward`, `try_forward`, \
+         `forward_traced`); a cached call continues one sequence per row"
+    )]
+    DocumentsWithCache,
     /// The backend's device failed while running the layer (a lost GPU, a driver error).
     #[error("the device failed while running the attention layer: {reason}")]
     Device {

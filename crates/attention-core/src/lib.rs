@@ -30,6 +30,8 @@
 //!   place, `route.rs`. [`causal_attention`] (`causal.rs`): the core alone, on projections a model
 //!   made itself. The scale, soft-cap and sinks every core reads: `score_rule.rs`; the head split
 //!   and merge: `heads.rs`.
+//! - [`Documents`]: rows packed from several documents, each attending within itself
+//!   (`documents.rs`), honoured by every path and both kernels, forward and backward.
 //! - [`RmsNorm`]: the one RMSNorm, `w` or Gemma's `1 + w` (`rms_norm.rs`): the q/k norms, and
 //!   the `gpt` crate's block norms.
 //! - [`mask`]: causal and key-padding masks.
@@ -44,6 +46,7 @@
 mod attend;
 mod cache;
 mod causal;
+mod documents;
 mod error;
 mod heads;
 mod kernels;
@@ -62,6 +65,7 @@ pub use attend::AttentionPath;
 pub use attend::masked_softmax;
 pub use cache::KvCache;
 pub use causal::causal_attention;
+pub use documents::Documents;
 pub use error::AttentionError;
 pub use kernels::Kernel;
 /// How many device syncs decoding has made on this thread: what tests check stays zero.

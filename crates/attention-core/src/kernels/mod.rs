@@ -87,6 +87,7 @@ macro_rules! untracked_kernel_inputs {
             key_padding: inputs
                 .key_padding
                 .map(|mask| Tensor::from_primitive(mask.into_primitive())),
+            documents: inputs.documents,
             scores: $crate::score_rule::ScoreRule {
                 scale: inputs.scores.scale,
                 softcap: inputs.scores.softcap,

@@ -4,7 +4,7 @@
 use super::*;
 
 /// A forward pass's input beyond the tokens: an optional key-padding mask, the tokens' positions
-/// (for rotary embeddings) and the path to take.
+/// (for rotary embeddings), the documents each row is packed from, and the path to take.
 ///
 /// ```
 /// # use attention_core::{AttentionInput, AttentionPath};
@@ -27,6 +27,7 @@ pub struct AttentionInput<B: Backend> {
     pub(super) x: Tensor<B, 3>,
     pub(super) key_padding: Option<Tensor<B, 2, Bool>>,
     pub(super) positions: Option<Tensor<B, 2, Int>>,
+    pub(super) documents: Option<Documents>,
     pub(super) path: AttentionPath,
 }
 
@@ -38,6 +39,7 @@ impl<B: Backend> AttentionInput<B> {
             x,
             key_padding: None,
             positions: None,
+            documents: None,
             path: AttentionPath::Auto,
         }
     }
@@ -60,6 +62,30 @@ impl<B: Backend> AttentionInput<B> {
     /// - `positions`: `[batch, seq]`
     pub fn positions(mut self, positions: Tensor<B, 2, Int>) -> Self {
         self.positions = Some(positions);
+        self
+    }
+
+    /// Packs each row from several documents: a token attends only to the tokens of its own
+    /// document (at or before it, and within the layer's window). Without explicit
+    /// [`positions`](Self::positions), a layer with rotary embeddings counts each document's
+    /// positions from 0, as if it ran alone. Whole sequences only: a cached call with documents
+    /// is [`AttentionError::DocumentsWithCache`].
+    ///
+    /// ```
+    /// # use attention_core::{AttentionInput, Documents};
+    /// # use burn::backend::NdArray;
+    /// # use burn::prelude::*;
+    /// # let device = Default::default();
+    /// let x = Tensor::<NdArray, 3>::zeros([1, 5, 4], &device);
+    /// // Documents of 2 and 3 tokens in one row.
+    /// let documents = Documents::from_lengths(&[vec![2, 3]]).unwrap();
+    /// let input = AttentionInput::new(x).documents(documents);
+    /// ```
+    ///
+    /// # Shapes
+    /// - `documents`: `[batch, seq]` of the input ([`Documents::shape`])
+    pub fn documents(mut self, documents: Documents) -> Self {
+        self.documents = Some(documents);
         self
     }
 

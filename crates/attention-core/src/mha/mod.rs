@@ -13,6 +13,7 @@ use burn::tensor::{Bool, Int};
 
 use crate::attend::{self, AttentionPath, AttentionScores};
 use crate::cache::KvCache;
+use crate::documents::Documents;
 use crate::error::AttentionError;
 use crate::heads::merge_heads;
 use crate::kernels::{self, CachedInputs, KernelInputs, NewKv};
@@ -184,8 +185,13 @@ impl<B: Backend> MultiHeadAttention<B> {
         &self,
         input: impl Into<AttentionInput<B>>,
     ) -> Result<Tensor<B, 3>, AttentionError> {
-        let input = input.into();
-        let (x, key_padding, positions, path) = self.checked(input)?;
+        let Checked {
+            x,
+            key_padding,
+            positions,
+            documents,
+            path,
+        } = self.checked(input.into())?;
         let [batch, seq, _] = x.dims();
         let route = self.route(path, Call::Full);
         if route == Route::Explicit {
@@ -203,12 +209,14 @@ impl<B: Backend> MultiHeadAttention<B> {
                     kv_heads: self.num_kv_heads,
                     window: self.sliding_window,
                     key_padding,
+                    documents,
                     scores: self.score_rule(),
                 })
             }
             Route::Explicit => {
                 let [q, k, v] = self.project(x, &positions, HeadLayout::Split);
-                let mask = attend::mask_for(&q, 0, key_padding, self.sliding_window);
+                let mask =
+                    attend::mask_for(&q, 0, key_padding, self.sliding_window, documents.as_ref());
                 let [k, v] = [k, v].map(|t| self.repeat_kv(t));
                 let scores = attend::explicit(q, k, v, mask, &self.score_rule(), &self.dropout);
                 merge_heads(scores.context)
@@ -222,6 +230,7 @@ impl<B: Backend> MultiHeadAttention<B> {
                     v,
                     key_padding,
                     self.sliding_window,
+                    documents.as_ref(),
                     &self.score_rule(),
                 );
                 merge_heads(context)
@@ -241,12 +250,17 @@ impl<B: Backend> MultiHeadAttention<B> {
         &self,
         input: impl Into<AttentionInput<B>>,
     ) -> Result<AttentionTrace<B>, AttentionError> {
-        let input = input.into();
-        let (x, key_padding, positions, _) = self.checked(input)?;
+        let Checked {
+            x,
+            key_padding,
+            positions,
+            documents,
+            ..
+        } = self.checked(input.into())?;
         let [batch, seq, _] = x.dims();
         check_explicit_size([batch, self.num_heads, seq, seq])?;
         let [q, k, v] = self.project(x, &positions, HeadLayout::Split);
-        let mask = attend::mask_for(&q, 0, key_padding, self.sliding_window);
+        let mask = attend::mask_for(&q, 0, key_padding, self.sliding_window, documents.as_ref());
         let [k, v] = [k, v].map(|t| self.repeat_kv(t));
         let AttentionScores {
             context,
@@ -298,8 +312,12 @@ impl<B: Backend> MultiHeadAttention<B> {
             x: x_new,
             key_padding,
             positions,
+            documents,
             path,
         } = input.into();
+        if documents.is_some() {
+            return Err(AttentionError::DocumentsWithCache);
+        }
         cache.check_layout(self.num_kv_heads, self.head_dim, self.context_length)?;
         self.check_input(&x_new, cache.len())?;
         let [batch, new, _] = x_new.dims();
@@ -308,7 +326,7 @@ impl<B: Backend> MultiHeadAttention<B> {
         check_shape(&key_padding, [batch, past + new], |expected, found| {
             AttentionError::PaddingShape { expected, found }
         })?;
-        let positions = self.positions(positions, past, [batch, new])?;
+        let positions = self.positions(positions, past, [batch, new], None)?;
         let plan = cache.plan(batch, new)?;
         let route = self.route(path, Call::Cached);
         if route == Route::Explicit {
@@ -340,7 +358,7 @@ impl<B: Backend> MultiHeadAttention<B> {
             let key_padding = key_padding.map(|mask| seen_padding(mask, seen.len()));
             let context = if route == Route::Explicit {
                 let past_seen = seen.len() - new;
-                let mask = attend::mask_for(&q, past_seen, key_padding, self.sliding_window);
+                let mask = attend::mask_for(&q, past_seen, key_padding, self.sliding_window, None);
                 attend::explicit(q, keys, values, mask, &self.score_rule(), &self.dropout).context
             } else {
                 attend::fused(
@@ -349,6 +367,7 @@ impl<B: Backend> MultiHeadAttention<B> {
                     values,
                     key_padding,
                     self.sliding_window,
+                    None,
                     &self.score_rule(),
                 )
             };
@@ -401,23 +420,12 @@ impl<B: Backend> MultiHeadAttention<B> {
     }
 
     /// A whole sequence's input, taken apart after checking it against the layer.
-    #[allow(clippy::type_complexity)]
-    fn checked(
-        &self,
-        input: AttentionInput<B>,
-    ) -> Result<
-        (
-            Tensor<B, 3>,
-            Option<Tensor<B, 2, Bool>>,
-            Positions<B>,
-            AttentionPath,
-        ),
-        AttentionError,
-    > {
+    fn checked(&self, input: AttentionInput<B>) -> Result<Checked<B>, AttentionError> {
         let AttentionInput {
             x,
             key_padding,
             positions,
+            documents,
             path,
         } = input;
         self.check_input(&x, 0)?;
@@ -425,17 +433,34 @@ impl<B: Backend> MultiHeadAttention<B> {
         check_shape(&key_padding, [batch, seq], |expected, found| {
             AttentionError::PaddingShape { expected, found }
         })?;
-        let positions = self.positions(positions, 0, [batch, seq])?;
-        Ok((x, key_padding, positions, path))
+        if let Some(documents) = &documents {
+            // Reading the padding costs a sync on a GPU: only when both are given.
+            let padding: Option<Vec<bool>> = key_padding
+                .as_ref()
+                .map(|mask| mask.to_data().iter::<bool>().collect());
+            documents.check([batch, seq], padding.as_deref())?;
+        }
+        // Rows of one document each are what the call is without documents.
+        let documents = documents.filter(|documents| !documents.is_whole_rows());
+        let positions = self.positions(positions, 0, [batch, seq], documents.as_ref())?;
+        Ok(Checked {
+            x,
+            key_padding,
+            positions,
+            documents,
+            path,
+        })
     }
 
     /// The rotary positions of a call's `[batch, seq]` tokens after `past` cached ones: the
-    /// given ones, checked, or `past, past + 1, …`.
+    /// given ones, checked; each document's from 0 in rows packed from `documents`; or `past,
+    /// past + 1, …`.
     fn positions(
         &self,
         given: Option<Tensor<B, 2, Int>>,
         past: usize,
         [batch, seq]: [usize; 2],
+        documents: Option<&Documents>,
     ) -> Result<Positions<B>, AttentionError> {
         match given {
             Some(positions) if positions.dims() != [batch, seq] => {
@@ -445,9 +470,24 @@ impl<B: Backend> MultiHeadAttention<B> {
                 })
             }
             Some(positions) => Ok(Positions::Given(positions)),
-            None => Ok(Positions::From(past)),
+            None => match documents {
+                Some(documents) if self.rotary.is_some() => Ok(Positions::Given(
+                    documents.position_tensor(&self.output_layer.weight.device()),
+                )),
+                _ => Ok(Positions::From(past)),
+            },
         }
     }
+}
+
+/// A whole sequence's input, checked against the layer ([`MultiHeadAttention::checked`]).
+struct Checked<B: Backend> {
+    x: Tensor<B, 3>,
+    key_padding: Option<Tensor<B, 2, Bool>>,
+    positions: Positions<B>,
+    /// `None` where every row is one document.
+    documents: Option<Documents>,
+    path: AttentionPath,
 }
 
 /// The largest `[batch, heads, queries, keys]` tensor, in bytes (as `f32`), that the explicit

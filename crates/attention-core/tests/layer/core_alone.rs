@@ -55,7 +55,7 @@ fn core_equals_the_written_out_formula<B: Backend>(device: &B::Device) {
         |dims: [usize; 3]| Tensor::<B, 3>::random(dims, Distribution::Normal(0.0, 1.0), device);
     let (q, k, v) = (random([2, 9, 96]), random([2, 14, 32]), random([2, 14, 32]));
     for window in [None, Some(4)] {
-        let found = causal_attention(q.clone(), k.clone(), v.clone(), 6, window).unwrap();
+        let found = causal_attention(q.clone(), k.clone(), v.clone(), 6, window, None).unwrap();
         let want = written_out(q.clone(), k.clone(), v.clone(), 6, window);
         found
             .into_data()
@@ -71,7 +71,7 @@ fn core_refuses_shapes_that_do_not_fit<B: Backend>(device: &B::Device) {
         (zeros([1, 5, 24]), zeros([1, 3, 12])),
         (zeros([2, 3, 24]), zeros([1, 3, 12])),
     ] {
-        let error = causal_attention(q, k.clone(), k, 4, None).unwrap_err();
+        let error = causal_attention(q, k.clone(), k, 4, None, None).unwrap_err();
         assert!(
             matches!(error, AttentionError::CoreShapes { .. }),
             "{error}"
@@ -82,6 +82,7 @@ fn core_refuses_shapes_that_do_not_fit<B: Backend>(device: &B::Device) {
         zeros([1, 3, 12]),
         zeros([1, 3, 12]),
         0,
+        None,
         None,
     )
     .unwrap_err();

@@ -85,6 +85,8 @@ struct Host<E> {
     key: TensorData,
     value: TensorData,
     key_padding: Option<Vec<bool>>,
+    /// Each position's document, `[batch, keys, 2]` (see [`Inputs::documents`]).
+    documents: Option<Vec<u32>>,
     scale: f64,
     softcap: Option<f64>,
     /// `[heads]`
@@ -117,6 +119,7 @@ impl<E: HostFloat> Host<E> {
             key_padding: inputs
                 .key_padding
                 .map(|mask| mask.into_data().iter::<bool>().collect()),
+            documents: inputs.documents.as_ref().map(|documents| documents.spans()),
             scale: inputs.scores.scale_for(width / inputs.heads),
             softcap: inputs.scores.softcap,
             sinks: inputs
@@ -132,11 +135,13 @@ impl<E: HostFloat> Host<E> {
             data.as_slice().expect("converted to E")
         }
         let buffers = [&self.query, &self.key, &self.value].map(floats::<E>);
-        Inputs::packed(self.dims, buffers, self.key_padding.as_deref()).with_scoring(scoring(
-            self.scale,
-            self.softcap,
-            self.sinks.as_ref().map(floats::<E>),
-        ))
+        Inputs::packed(self.dims, buffers, self.key_padding.as_deref())
+            .with_scoring(scoring(
+                self.scale,
+                self.softcap,
+                self.sinks.as_ref().map(floats::<E>),
+            ))
+            .with_documents(self.documents.as_deref())
     }
 
     fn query_shape(&self) -> [usize; 3] {
@@ -324,6 +329,7 @@ fn cached_step<B: Backend>(inputs: CachedStep<'_, B>) -> Tensor<B, 3> {
                 head_major: true,
             },
             key_padding: key_padding.as_deref(),
+            documents: None,
             scoring: scoring(scale_for(scale, head_dim), softcap, sinks_floats.as_deref()),
         });
         Tensor::from_data(TensorData::new(forward.output, [batch, queries, width]), &device)

@@ -58,10 +58,11 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
             tensors.key.clone().into_tensor_arg(),
             tensors.value.clone().into_tensor_arg(),
             tensors.padding_arg(),
+            tensors.documents_arg(),
             sinks.into_tensor_arg(),
             output.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
-            geometry(&call, tensors.has_padding, has_sinks),
+            geometry(&call, &tensors, has_sinks),
             tiling,
             [dtype.into(), partial_dtype.into()],
         );
@@ -131,11 +132,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
             tensors.key.clone().into_tensor_arg(),
             tensors.value.clone().into_tensor_arg(),
             tensors.padding_arg(),
+            tensors.documents_arg(),
             output_grad.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
             delta.clone().into_tensor_arg(),
             query_grad.clone().into_tensor_arg(),
-            geometry(&call, tensors.has_padding, false),
+            geometry(&call, &tensors, false),
             query_tiling,
             dtype.into(),
         );
@@ -153,12 +155,13 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
             tensors.key.clone().into_tensor_arg(),
             tensors.value.clone().into_tensor_arg(),
             tensors.padding_arg(),
+            tensors.documents_arg(),
             output_grad.into_tensor_arg(),
             lse.into_tensor_arg(),
             delta.into_tensor_arg(),
             key_grad.clone().into_tensor_arg(),
             value_grad.clone().into_tensor_arg(),
-            geometry(&call, tensors.has_padding, false),
+            geometry(&call, &tensors, false),
             key_tiling,
             dtype.into(),
         );
@@ -171,13 +174,15 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
 }
 
 /// The kernels' inputs, contiguous (the kernels index rows by hand); a kernel without padding
-/// gets the query in its place, never read.
+/// gets the query in its place, and one without documents an `f32` scalar, never read.
 struct Contiguous<R: CubeRuntime> {
     query: CubeTensor<R>,
     key: CubeTensor<R>,
     value: CubeTensor<R>,
     key_padding: CubeTensor<R>,
     has_padding: bool,
+    documents: CubeTensor<R>,
+    has_documents: bool,
 }
 
 impl<R: CubeRuntime> Contiguous<R> {
@@ -186,19 +191,30 @@ impl<R: CubeRuntime> Contiguous<R> {
     ) -> Self {
         let query = into_contiguous(tensors.query);
         let has_padding = tensors.key_padding.is_some();
+        let has_documents = tensors.documents.is_some();
+        let no_documents = || {
+            let (client, device) = (query.client.clone(), query.device.clone());
+            empty_device_dtype::<R>(client, device, Shape::new([1]), DType::F32)
+        };
         Self {
             key: into_contiguous(tensors.key),
             value: into_contiguous(tensors.value),
             key_padding: tensors
                 .key_padding
                 .map_or_else(|| query.clone(), into_contiguous),
+            documents: tensors.documents.map_or_else(no_documents, into_contiguous),
             query,
             has_padding,
+            has_documents,
         }
     }
 
     fn padding_arg(&self) -> TensorArg<R> {
         self.key_padding.clone().into_tensor_arg()
+    }
+
+    fn documents_arg(&self) -> TensorArg<R> {
+        self.documents.clone().into_tensor_arg()
     }
 }
 
@@ -247,7 +263,11 @@ fn reshaped<R: CubeRuntime>(tensor: CubeTensor<R>, shape: Shape) -> CubeTensor<R
     burn_cubecl::ops::reshape(tensor, shape)
 }
 
-fn geometry<R: Runtime>(call: &FlashCall, padded: bool, with_sinks: bool) -> GeometryLaunch<R> {
+fn geometry<R: CubeRuntime>(
+    call: &FlashCall,
+    tensors: &Contiguous<R>,
+    with_sinks: bool,
+) -> GeometryLaunch<R> {
     GeometryLaunch::new(
         call.heads as u32,
         call.kv_heads as u32,
@@ -259,8 +279,9 @@ fn geometry<R: Runtime>(call: &FlashCall, padded: bool, with_sinks: bool) -> Geo
         call.window.unwrap_or(0) as u32,
         call.scale,
         call.softcap.unwrap_or(0.0),
-        padded.into(),
+        tensors.has_padding.into(),
         with_sinks.into(),
+        tensors.has_documents.into(),
         call.key_splits as u32,
         call.keys.div_ceil(call.key_splits) as u32,
     )

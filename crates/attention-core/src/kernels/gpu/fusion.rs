@@ -9,6 +9,7 @@
 
 use std::marker::PhantomData;
 
+use burn::prelude::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Shape};
 use burn_fusion::client::GlobalFusionClient;
@@ -26,7 +27,7 @@ impl<B: FusionBackend + FlashBackend> FlashBackend for Fusion<B> {
     ) -> [FloatTensor<Self>; 2] {
         let dtype = tensors.query.dtype;
         let pass = Pass::Forward {
-            has_padding: tensors.key_padding.is_some(),
+            given: Given::of(&tensors),
             has_sinks: sinks.is_some(),
         };
         let inputs = inputs(tensors).chain(sinks).collect();
@@ -49,7 +50,7 @@ impl<B: FusionBackend + FlashBackend> FlashBackend for Fusion<B> {
         call: FlashCall,
     ) -> [FloatTensor<Self>; 3] {
         let pass = Pass::Backward {
-            has_padding: tensors.key_padding.is_some(),
+            given: Given::of(&tensors),
         };
         let shapes = [&tensors.query, &tensors.key, &tensors.value]
             .map(|tensor| (tensor.shape.clone(), tensor.dtype));
@@ -66,23 +67,40 @@ impl<B: FusionBackend + FlashBackend> FlashBackend for Fusion<B> {
     }
 }
 
-/// The query, key, value and padding, in the order the operation reads them.
+/// The query, key, value, padding and documents, in the order the operation reads them.
 fn inputs<R: FusionRuntime, B: FusionBackend<FusionRuntime = R>>(
     tensors: FlashTensors<Fusion<B>>,
 ) -> impl Iterator<Item = FusionTensor<R>> {
     [tensors.query, tensors.key, tensors.value]
         .into_iter()
         .chain(tensors.key_padding)
+        .chain(tensors.documents)
+}
+
+/// Which of [`FlashTensors`]' optional tensors a call was given.
+#[derive(Debug, Clone, Copy)]
+struct Given {
+    padding: bool,
+    documents: bool,
+}
+
+impl Given {
+    fn of<B: Backend>(tensors: &FlashTensors<B>) -> Self {
+        Self {
+            padding: tensors.key_padding.is_some(),
+            documents: tensors.documents.is_some(),
+        }
+    }
 }
 
 /// Which kernel call an operation makes, and which optional inputs it was given.
 #[derive(Debug, Clone, Copy)]
 enum Pass {
-    /// Inputs: query, key, value, [padding], [sinks]; outputs: output, lse.
-    Forward { has_padding: bool, has_sinks: bool },
-    /// Inputs: query, key, value, [padding], output gradient, lse, delta; outputs: the query,
-    /// key and value gradients.
-    Backward { has_padding: bool },
+    /// Inputs: query, key, value, [padding], [documents], [sinks]; outputs: output, lse.
+    Forward { given: Given, has_sinks: bool },
+    /// Inputs: query, key, value, [padding], [documents], output gradient, lse, delta; outputs:
+    /// the query, key and value gradients.
+    Backward { given: Given },
 }
 
 /// One flash-attention call in a fusion stream.
@@ -107,23 +125,21 @@ impl<B: FusionBackend + FlashBackend> Operation<B::FusionRuntime> for FlashOpera
             .collect::<Vec<_>>()
             .into_iter();
         let mut next = || inputs.next().expect("the operation was registered with it");
-        let mut tensors = |has_padding: bool| FlashTensors::<B> {
+        let mut tensors = |given: Given| FlashTensors::<B> {
             query: next(),
             key: next(),
             value: next(),
-            key_padding: has_padding.then(&mut next),
+            key_padding: given.padding.then(&mut next),
+            documents: given.documents.then(&mut next),
         };
         let outputs: Vec<FloatTensor<B>> = match self.pass {
-            Pass::Forward {
-                has_padding,
-                has_sinks,
-            } => {
-                let tensors = tensors(has_padding);
+            Pass::Forward { given, has_sinks } => {
+                let tensors = tensors(given);
                 let sinks = has_sinks.then(&mut next);
                 B::flash_forward(tensors, sinks, self.call).into()
             }
-            Pass::Backward { has_padding } => {
-                let tensors = tensors(has_padding);
+            Pass::Backward { given } => {
+                let tensors = tensors(given);
                 let grads = FlashGradInputs {
                     output_grad: next(),
                     lse: next(),

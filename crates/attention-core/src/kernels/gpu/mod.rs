@@ -58,12 +58,15 @@ pub(crate) struct FlashCall {
 /// - `query`: `[batch, queries, heads · head_dim]`
 /// - `key`, `value`: `[batch, key_rows, kv_heads · head_dim]`
 /// - `key_padding`: `[batch, keys]`, `1` = padding, in the query's float type
+/// - `documents`: `[batch, keys, 2]`, each position's document `[start, end)`, `f32`, where the
+///   sequences are packed from documents (then `queries == keys`)
 #[derive(Debug, Clone)]
 pub(crate) struct FlashTensors<B: Backend> {
     pub query: FloatTensor<B>,
     pub key: FloatTensor<B>,
     pub value: FloatTensor<B>,
     pub key_padding: Option<FloatTensor<B>>,
+    pub documents: Option<FloatTensor<B>>,
 }
 
 /// What the backward pass reads beyond [`FlashTensors`].

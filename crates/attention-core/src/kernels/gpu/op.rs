@@ -10,9 +10,10 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Bool, DType, TensorPrimitive};
+use burn::tensor::{Bool, DType, TensorData, TensorPrimitive};
 
 use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors};
+use crate::documents::Documents;
 use crate::kernels::inputs::KernelInputs;
 use crate::kernels::{CachedInputs, KvStorage, same_type};
 
@@ -61,6 +62,7 @@ fn prepared<B: Backend>(
     let keys = inputs.key.dims()[1];
     let head_dim = width / inputs.heads;
     let dtype = inputs.query.dtype();
+    let device = inputs.query.device();
     let call = FlashCall {
         batch,
         heads: inputs.heads,
@@ -81,6 +83,9 @@ fn prepared<B: Backend>(
         key: float(inputs.key),
         value: float(inputs.value),
         key_padding: inputs.key_padding.map(|mask| padding(mask, dtype)),
+        documents: inputs
+            .documents
+            .map(|documents| spans::<B>(&documents, &device)),
     };
     (tensors, inputs.scores.sinks, call)
 }
@@ -93,6 +98,18 @@ fn float<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> FloatTensor<B> {
 /// A padding mask as the kernels read it: `1` = padding, in `dtype`.
 fn padding<B: Backend>(mask: Tensor<B, 2, Bool>, dtype: DType) -> FloatTensor<B> {
     float(mask.float().cast(dtype))
+}
+
+/// Each position's document as the kernels read it: `[start, end)` in `f32` (exact up to 2²⁴
+/// positions, and in one type whatever the model's float type).
+///
+/// # Shapes
+/// - output: `[batch, keys, 2]`
+fn spans<B: Backend>(documents: &Documents, device: &B::Device) -> FloatTensor<B> {
+    let [batch, keys] = documents.shape();
+    let spans: Vec<f32> = documents.spans().into_iter().map(|x| x as f32).collect();
+    let data = TensorData::new(spans, [batch, keys, 2]);
+    float(Tensor::<B, 3>::from_data(data, (device, DType::F32)))
 }
 
 /// The backward pass of [`on_autodiff`]'s node.
@@ -209,6 +226,7 @@ pub(crate) fn cached<B: Backend, Bare: FlashBackend>(inputs: CachedInputs<'_, B>
         kv_heads: kv_width / head_dim,
         window: inputs.window,
         key_padding: inputs.key_padding,
+        documents: None,
         scores: inputs.scores,
     };
     let (tensors, sinks, call) = prepared(same_type::<_, KernelInputs<Bare>>(step));

@@ -193,6 +193,7 @@ fn simt_kernel(
         softcap: (),
         padded: (),
         with_sinks: (),
+        packed: (),
         splits: (),
         split_len: (),
     };
@@ -201,16 +202,16 @@ fn simt_kernel(
     let kernel: Box<dyn CubeKernel> = match pass {
         Pass::Forward => Box::new(simt::flash_forward::FlashForward::<WgpuRuntime>::new(
             settings, client, tensor(), tensor(), tensor(), tensor(), tensor(), tensor(), tensor(),
-            geometry, vector, tiling, [storage, storage],
+            tensor(), geometry, vector, tiling, [storage, storage],
         )),
         Pass::QueryGrad => Box::new(simt::flash_query_grad::FlashQueryGrad::<WgpuRuntime>::new(
             settings, client, tensor(), tensor(), tensor(), tensor(), tensor(), tensor(), tensor(),
-            tensor(), geometry, vector, tiling, storage,
+            tensor(), tensor(), geometry, vector, tiling, storage,
         )),
         Pass::KeyValueGrad => Box::new(
             simt::flash_key_value_grad::FlashKeyValueGrad::<WgpuRuntime>::new(
                 settings, client, tensor(), tensor(), tensor(), tensor(), tensor(), tensor(),
-                tensor(), tensor(), tensor(), geometry, vector, tiling, storage,
+                tensor(), tensor(), tensor(), tensor(), geometry, vector, tiling, storage,
             ),
         ),
     };

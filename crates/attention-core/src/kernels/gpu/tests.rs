@@ -311,6 +311,7 @@ fn tensors(case: &Case, inputs: &Inputs, dtype: DType, device: &WgpuDevice) -> F
         key_padding: case
             .padded
             .then(|| tensor(&padding, [b, case.keys], dtype, device)),
+        documents: None,
     }
 }
 

@@ -224,9 +224,10 @@ fn backward_group<E: KernelFloat>(
         let key_block = key.slice_axis(Axis(0), Slice::from(cols.clone()));
         let value_block = value.slice_axis(Axis(0), Slice::from(cols.clone()));
         // The queries that see a key of this block: from the first that sees key `start`
-        // (causal) to the last whose window reaches back into the block.
+        // (causal) to the last whose window reaches back into the block, within the document
+        // of its last key.
         let first_query = start.saturating_sub(dims.offset());
-        let end_query = dims.queries_seeing_keys_before(cols.end);
+        let end_query = inputs.queries_seeing(batch, &cols);
         for row_start in (first_query..end_query).step_by(positions) {
             let row_end = (row_start + positions).min(end_query);
             let rows = row_start * group..row_end * group;

@@ -233,7 +233,9 @@ fn forward_block_over<E: KernelFloat>(
             let (row_max, row_sum) = (&mut row_max[..stacked], &mut row_sum[..stacked]);
             row_max.fill(E::neg_infinity());
             row_sum.fill(E::zero());
-            let visible = dims.first_visible_key(part.start).max(keys.start)
+            // The first row's first key is the part's first: windows and documents only move
+            // forward with the rows.
+            let visible = inputs.first_visible_key(batch, part.start).max(keys.start)
                 ..dims.visible_keys(part.end).min(keys.end);
             for start in visible.clone().step_by(KEY_BLOCK) {
                 let cols = start..(start + KEY_BLOCK).min(visible.end);

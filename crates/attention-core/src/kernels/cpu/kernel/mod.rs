@@ -128,14 +128,15 @@ impl Dims {
         end + self.offset()
     }
 
-    /// The first key that query `row` sees (0 without a window).
-    fn first_visible_key(&self, row: usize) -> usize {
+    /// The first key that query `row` sees by the window (0 without one).
+    fn window_start(&self, row: usize) -> usize {
         self.window
             .map_or(0, |window| (row + self.offset() + 1).saturating_sub(window))
     }
 
-    /// The exclusive end of the queries that see some key before `end` (all without a window).
-    fn queries_seeing_keys_before(&self, end: usize) -> usize {
+    /// The exclusive end of the queries whose window reaches a key before `end` (all without a
+    /// window).
+    fn window_end(&self, end: usize) -> usize {
         self.window.map_or(self.queries, |window| {
             (end + window - 1)
                 .saturating_sub(self.offset())
@@ -269,6 +270,7 @@ impl KeyRows {
 ///   `[batch, kv_heads, key_rows.per_sequence, head_dim]`, see [`KeyRows::head_major`]), of
 ///   which rows `key_rows.first ..` are the call's `keys`
 /// - `key_padding`: `[batch, keys]`, `true` = padding (never attended to)
+/// - `documents`: `[batch, keys, 2]`
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a, E> {
     /// Sizes.
@@ -283,6 +285,9 @@ pub struct Inputs<'a, E> {
     pub key_rows: KeyRows,
     /// Keys never attended to.
     pub key_padding: Option<&'a [bool]>,
+    /// Each position's document, `[start, end)` within its sequence, when the sequences are
+    /// packed documents (then `queries == keys`): a query sees the keys of its own document only.
+    pub documents: Option<&'a [u32]>,
     /// Scale, soft-cap and sinks.
     pub scoring: Scoring<'a, E>,
 }
@@ -302,6 +307,7 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
             value,
             key_rows: KeyRows::packed(&dims),
             key_padding,
+            documents: None,
             scoring: Scoring::plain(dims.head_dim),
         }
     }
@@ -309,6 +315,38 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
     /// These inputs with `scoring` instead of the chapter's.
     pub fn with_scoring(self, scoring: Scoring<'a, E>) -> Self {
         Self { scoring, ..self }
+    }
+
+    /// These inputs with each sequence packed from documents: `spans` is each position's
+    /// `[start, end)`, `[batch, keys, 2]`.
+    pub fn with_documents(self, spans: Option<&'a [u32]>) -> Self {
+        Self {
+            documents: spans,
+            ..self
+        }
+    }
+
+    /// The first key that query `row` of sequence `batch` sees: its window's first, or its
+    /// document's.
+    fn first_visible_key(&self, batch: usize, row: usize) -> usize {
+        let window_start = self.dims.window_start(row);
+        match self.documents {
+            Some(spans) => window_start.max(spans[2 * (batch * self.dims.keys + row)] as usize),
+            None => window_start,
+        }
+    }
+
+    /// The exclusive end of the queries of sequence `batch` that see some key of `keys`: those
+    /// whose window reaches back to the last key, up to the end of its document.
+    fn queries_seeing(&self, batch: usize, keys: &std::ops::Range<usize>) -> usize {
+        let window_end = self.dims.window_end(keys.end);
+        match self.documents {
+            Some(spans) => {
+                let last = batch * self.dims.keys + keys.end - 1;
+                window_end.min(spans[2 * last + 1] as usize)
+            }
+            None => window_end,
+        }
     }
 
     /// Checks that every buffer has the length its shape says.
@@ -350,6 +388,17 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
         if let Some(sinks) = self.scoring.sinks {
             assert_eq!(sinks.len(), dims.heads, "sinks for {dims:?}");
         }
+        if let Some(spans) = self.documents {
+            assert_eq!(
+                dims.queries, dims.keys,
+                "documents of a cached call: {dims:?}"
+            );
+            assert_eq!(
+                spans.len(),
+                2 * dims.batch * dims.keys,
+                "documents for {dims:?}"
+            );
+        }
     }
 
     /// The `[keys, head_dim]` view of key/value head `kv_head` of sequence `batch` in `data`
@@ -373,7 +422,7 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
 
     /// `scale · q kᵀ` (soft-capped, with a soft-cap) for a block of stacked query rows and key
     /// columns `cols` of one key/value head, with masked entries (above the diagonal, before the
-    /// window, or padding) set to `-inf`.
+    /// window or the query's document, or padding) set to `-inf`.
     ///
     /// The query rows are a group's heads stacked position-major (see [`Dims::gather_group`]):
     /// row `r` is query position `first_row + r / group`.
@@ -408,8 +457,10 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
             if first_hidden < row_scores.len() {
                 row_scores[first_hidden..].fill(E::neg_infinity());
             }
-            // Keys before `first_visible` have left this query's window.
-            let first_visible = dims.first_visible_key(row).saturating_sub(cols.start);
+            // Keys before `first_visible` have left this query's window or its document.
+            let first_visible = self
+                .first_visible_key(batch, row)
+                .saturating_sub(cols.start);
             let too_old = first_visible.min(row_scores.len());
             row_scores[..too_old].fill(E::neg_infinity());
             if let Some(padding) = padding {

@@ -42,6 +42,9 @@ fn reference(inputs: &Inputs<f64>, output_grad: &[f64]) -> (Vec<f64>, Gradients<
                     j <= position
                         && d.window.is_none_or(|w| position - j < w)
                         && !inputs.key_padding.is_some_and(|p| p[b * d.keys + j])
+                        && inputs
+                            .documents
+                            .is_none_or(|spans| j as u32 >= spans[2 * (b * d.keys + i)])
                 };
                 let scores: Vec<f64> = (0..d.keys)
                     .map(|j| {
@@ -123,12 +126,14 @@ fn check(dims: Dims, key_padding: Option<Vec<bool>>) {
     check_scored(dims, key_padding, &Scored::default());
 }
 
-/// A check's scale (default `1/√head_dim`), soft-cap and sinks, in f64.
+/// A check's scale (default `1/√head_dim`), soft-cap and sinks, in f64, and its sequences'
+/// documents (their spans, as [`Inputs::documents`]).
 #[derive(Debug, Clone, Default)]
 struct Scored {
     scale: Option<f64>,
     softcap: Option<f64>,
     sinks: Option<Vec<f64>>,
+    documents: Option<Vec<u32>>,
 }
 
 impl Scored {
@@ -152,7 +157,8 @@ fn check_scored(dims: Dims, key_padding: Option<Vec<bool>>, scored: &Scored) {
         values(dims.query_len(), 4), // the output's gradient
     ];
     let inputs = Inputs::packed(dims, [&data[0], &data[1], &data[2]], key_padding.as_deref())
-        .with_scoring(scored.scoring(&dims, scored.sinks.as_deref()));
+        .with_scoring(scored.scoring(&dims, scored.sinks.as_deref()))
+        .with_documents(scored.documents.as_deref());
     let expected = reference(&inputs, &data[3]);
     let padding = key_padding.as_deref();
     check_in::<f64>(dims, padding, scored, &data, &expected, [1e-12, 1e-12]);
@@ -179,7 +185,8 @@ fn check_in<E: KernelFloat>(
         .as_ref()
         .map(|sinks| sinks.iter().map(|&x| E::from(x).unwrap()).collect());
     let inputs = Inputs::packed(dims, [&query, &key, &value], key_padding)
-        .with_scoring(scored.scoring(&dims, sinks.as_deref()));
+        .with_scoring(scored.scoring(&dims, sinks.as_deref()))
+        .with_documents(scored.documents.as_deref());
     let forward = super::forward(inputs);
     let error = max_error(&widen(&forward.output), expected);
     assert!(
@@ -371,12 +378,67 @@ fn matches_the_formula_with_a_scale_a_softcap_and_sinks() {
             scale: Some(0.5),
             softcap: Some(2.0),
             sinks,
+            documents: None,
         },
     ];
     for scored in &cases {
         check_scored(grouped, Some(padding.clone()), scored);
         check_scored(decoding, None, scored);
     }
+}
+
+/// The spans ([`Inputs::documents`]) of rows packed from documents of these lengths.
+fn spans(rows: &[&[usize]]) -> Vec<u32> {
+    let mut spans = Vec::new();
+    for row in rows {
+        let mut start = 0;
+        for &length in *row {
+            for _ in 0..length {
+                spans.extend([start as u32, (start + length) as u32]);
+            }
+            start += length;
+        }
+    }
+    spans
+}
+
+#[test]
+fn matches_the_formula_on_rows_packed_from_documents() {
+    let packed = |rows: &[&[usize]]| Scored {
+        documents: Some(spans(rows)),
+        ..Scored::default()
+    };
+    // Boundaries on and off the 64-query and 128-key block edges, one-token documents, and rows
+    // that pack differently.
+    check_scored(
+        dims(2, 2, 200, 200, 8),
+        None,
+        &packed(&[&[1, 63, 64, 72], &[37, 1, 1, 150, 11]]),
+    );
+    check_scored(dims(1, 2, 5, 5, 4), None, &packed(&[&[1, 1, 1, 1, 1]]));
+    // A row that is one document, beside one of three, with groups, a window, a soft-cap and
+    // sinks.
+    let grouped = Dims {
+        kv_heads: 2,
+        window: Some(70),
+        ..dims(2, 4, 300, 300, 8)
+    };
+    check_scored(
+        grouped,
+        None,
+        &Scored {
+            softcap: Some(2.0),
+            sinks: Some(vec![0.5, -1.0, 2.0, 0.0]),
+            ..packed(&[&[300], &[128, 130, 42]])
+        },
+    );
+    // Few queries (tasks per head, keys split across tasks), a right-padded last document.
+    let multi_query = Dims {
+        kv_heads: 1,
+        ..dims(1, 4, 60, 60, 8)
+    };
+    let padding = (0..60).map(|j| j >= 50).collect();
+    check_scored(multi_query, Some(padding), &packed(&[&[10, 40, 10]]));
 }
 
 #[test]
@@ -544,6 +606,7 @@ fn keys_inside_longer_rows_are_read_where_they_lie() {
             value: &stored[1],
             key_rows: rows,
             key_padding: None,
+            documents: None,
             scoring: Scoring::plain(dims.head_dim),
         });
         let from_packed = forward(Inputs::packed(dims, [&query, &packed[0], &packed[1]], None));

@@ -10,8 +10,8 @@ use cubecl::prelude::*;
 
 use super::{
     Geometry, HeadRows, KeySource, KeyTile, PairBlock, RowsVector, Tiling, UNIT_ROWS, Unit,
-    accumulate, accumulate_tile, in_view, is_visible, load_pairs, load_rows, masked, score_grad,
-    scored, store_columns, store_row, tile_dots, unit_scores, zeroed_rows,
+    accumulate, accumulate_tile, document_end, in_view, is_visible, load_pairs, load_rows, masked,
+    score_grad, scored, store_columns, store_row, tile_dots, unit_scores, zeroed_rows,
 };
 
 /// The query gradient.
@@ -23,6 +23,7 @@ use super::{
 /// - `query`, `output_grad`, `query_grad`: `[batch, queries, heads · head_dim]`
 /// - `key`, `value`: `[batch, keys, kv_heads · head_dim]`
 /// - `key_padding`: `[batch, keys]` (read when `geometry.padded`)
+/// - `documents`: `[batch, keys, 2]` (read when `geometry.packed`)
 /// - `lse`, `delta` (`Dᵢ = dOᵢ · Oᵢ`): `[batch, queries, heads]`
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -31,6 +32,7 @@ pub fn flash_query_grad<F: Float, N: Size>(
     key: &Tensor<Vector<F, N>>,
     value: &Tensor<Vector<F, N>>,
     key_padding: &Tensor<F>,
+    documents: &Tensor<f32>,
     output_grad: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
@@ -42,7 +44,8 @@ pub fn flash_query_grad<F: Float, N: Size>(
     let n = N::value().comptime() as u32;
     let sizes = comptime!(tiling.sizes(n));
     let unit = Unit::new(&geometry, sizes);
-    let block = PairBlock::new(CUBE_POS_X, &unit, &geometry, sizes.block);
+    let block = PairBlock::new(CUBE_POS_X, documents, &unit, &geometry, sizes.block);
+    let first_keys = block.document_starts(documents, &unit, &geometry);
     let (lanes, cols) = comptime!((sizes.lanes, sizes.cols));
 
     // The block's queries and output gradients.
@@ -102,7 +105,9 @@ pub fn flash_query_grad<F: Float, N: Size>(
                 let mut visible = is_visible(row_lse[i as usize]);
                 if !full {
                     let position = block.position(&unit, i);
-                    visible = visible && kv.sees(column, start, key_end, position, &geometry);
+                    let first_key = first_keys[i as usize];
+                    visible =
+                        visible && kv.sees(column, start, key_end, position, first_key, &geometry);
                 }
                 let weight = select(visible, f32::exp(score - row_lse[i as usize]), 0.0);
                 scores[at] = score_grad(
@@ -139,6 +144,7 @@ pub fn flash_query_grad<F: Float, N: Size>(
 /// - `query`, `output_grad`: `[batch, queries, heads · head_dim]`
 /// - `key`, `value`, `key_grad`, `value_grad`: `[batch, keys, kv_heads · head_dim]`
 /// - `key_padding`: `[batch, keys]` (read when `geometry.padded`)
+/// - `documents`: `[batch, keys, 2]` (read when `geometry.packed`)
 /// - `lse`, `delta`: `[batch, queries, heads]`
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -147,6 +153,7 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
     key: &Tensor<Vector<F, N>>,
     value: &Tensor<Vector<F, N>>,
     key_padding: &Tensor<F>,
+    documents: &Tensor<f32>,
     output_grad: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
@@ -179,13 +186,20 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
     load_rows::<F, N>(key, &mut keys, &from, block, sizes);
     load_rows::<F, N>(value, &mut values, &from, block, sizes);
 
-    // This unit's keys: their indices and whether they are padding.
+    // This unit's keys: their indices, whether they are padding, and where their documents end
+    // (a query sees a key at or before it iff it lies before that end).
     let mut key_index = Array::<u32>::new(comptime!(UNIT_ROWS as usize));
     let mut key_padded = Array::<u32>::new(comptime!(UNIT_ROWS as usize));
+    let mut key_document_end = Array::<u32>::new(comptime!(UNIT_ROWS as usize));
     #[unroll]
     for i in 0..UNIT_ROWS {
         let index = first_key + unit.row_group * UNIT_ROWS + i;
         key_index[i as usize] = index;
+        let mut end = geometry.keys;
+        if index < geometry.keys {
+            end = document_end(documents, unit.batch, index, &geometry);
+        }
+        key_document_end[i as usize] = end;
         let mut padded = 0u32;
         if geometry.padded == 1 && index < geometry.keys {
             let flag = f32::cast_from(key_padding[(unit.batch * geometry.keys + index) as usize]);
@@ -195,7 +209,7 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
     }
 
     // The queries that see some key of this block: from the first key's position on, until the
-    // last key leaves their window.
+    // last key leaves their window or its document ends.
     let offset = unit.offset;
     let mut query_start = 0u32;
     if first_key > offset {
@@ -206,6 +220,13 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
         let reach = last_key + geometry.window;
         query_end = select(reach > offset, min(query_end, reach - offset), 0u32);
     }
+    // Packed sequences have no cached keys (`offset` is 0).
+    query_end = min(
+        query_end,
+        document_end(documents, unit.batch, last_key, &geometry),
+    );
+    // Every key of the block is seen by the queries before the first key's document ends.
+    let first_document_end = document_end(documents, unit.batch, first_key, &geometry);
 
     let tile_rows = comptime!((tile * sizes.stride) as usize);
     let mut queries = SharedMemory::<Vector<F, N>>::new(tile_rows);
@@ -261,7 +282,8 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
                 && first_key + block <= geometry.keys
                 && start + offset >= first_key + block - 1
                 && (geometry.window == 0
-                    || start + tile - 1 + offset < first_key + geometry.window);
+                    || start + tile - 1 + offset < first_key + geometry.window)
+                && start + tile <= first_document_end;
             #[unroll]
             for j in 0..cols {
                 let column = unit.lane + j * lanes;
@@ -276,7 +298,8 @@ pub fn flash_key_value_grad<F: Float, N: Size>(
                     if !full {
                         visible = query_index < query_end
                             && key_padded[i as usize] == 0
-                            && in_view(key_index[i as usize], query_index + offset, &geometry);
+                            && query_index < key_document_end[i as usize]
+                            && in_view(key_index[i as usize], query_index + offset, 0, &geometry);
                     }
                     let weight = select(visible, f32::exp(score - row_lse), 0.0);
                     scores[at] = weight;

@@ -18,6 +18,7 @@ use super::{
 /// - `key`, `value`: `[batch, key_rows, kv_heads · head_dim]`, the call's keys at rows
 ///   `key_first ..`
 /// - `key_padding`: `[batch, keys]`, `1` = padding (read when `geometry.padded`)
+/// - `documents`: `[batch, keys, 2]`, each position's document (read when `geometry.packed`)
 /// - `sinks`: `[heads]` (read when `geometry.with_sinks`)
 /// - `output`: `[splits, batch, queries, heads · head_dim]`, each split's output normalized over
 ///   its own keys
@@ -29,6 +30,7 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
     key: &Tensor<Vector<F, N>>,
     value: &Tensor<Vector<F, N>>,
     key_padding: &Tensor<F>,
+    documents: &Tensor<f32>,
     sinks: &Tensor<F>,
     output: &mut Tensor<Vector<O, N>>,
     lse: &mut Tensor<f32>,
@@ -39,7 +41,14 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
     let n = N::value().comptime() as u32;
     let sizes = comptime!(tiling.sizes(n));
     let unit = Unit::new(&geometry, sizes);
-    let block = PairBlock::new(CUBE_POS_X / geometry.splits, &unit, &geometry, sizes.block);
+    let block = PairBlock::new(
+        CUBE_POS_X / geometry.splits,
+        documents,
+        &unit,
+        &geometry,
+        sizes.block,
+    );
+    let first_keys = block.document_starts(documents, &unit, &geometry);
     let split = CUBE_POS_X % geometry.splits;
     let (lanes, cols) = comptime!((sizes.lanes, sizes.cols));
 
@@ -96,7 +105,8 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
                 if !full {
                     let column = unit.lane + j * lanes;
                     let position = block.position(&unit, i);
-                    let visible = kv.sees(column, start, key_end, position, &geometry);
+                    let first_key = first_keys[i as usize];
+                    let visible = kv.sees(column, start, key_end, position, first_key, &geometry);
                     score = select(visible, score, masked());
                 }
                 scores[(i * cols + j) as usize] = score;

@@ -31,7 +31,11 @@
 //! and value tile once, and a decoding step's few queries and heads fill a block together.
 //!
 //! Query `i` is position `p = i + keys − queries` and sees key `j` iff `j ≤ p`, `p − j < window`
-//! (`window = 0`: no window) and key `j` is not padding. A tile is *skipped* when no row of the
+//! (`window = 0`: no window), key `j` is not padding, and, in a sequence packed from documents,
+//! `j` is not before the start of `p`'s document. Documents only move forward along a sequence,
+//! so a block's first query has its earliest first key and a key block's last key the latest
+//! end of the queries that see it: the key range of a block of queries starts at its first
+//! query's document, and the query range of a block of keys ends with its last key's. A tile is *skipped* when no row of the
 //! block sees any of its keys (it is never loaded), *full* when every row sees every key (no mask
 //! is computed), an *edge* otherwise. A masked score is [`masked`], not `-inf`: WGSL has no
 //! infinite literals. Each score may be soft-capped (`c · tanh(s / c)`, after the scale, before
@@ -151,6 +155,9 @@ pub struct Geometry {
     /// variant is one more compilation).
     pub padded: u32,
     pub with_sinks: u32,
+    /// 1 when each sequence is packed from documents (then `queries == keys` and the documents
+    /// tensor holds each position's `[start, end)`), else the documents tensor is not read.
+    pub packed: u32,
     /// Flash-decoding (forward pass only): the keys are dealt to `splits` cubes per block,
     /// `split_len` keys each, whose partial outputs and log-sum-exps are combined after; 1 and
     /// `keys` without.
@@ -216,10 +223,12 @@ pub struct PairBlock {
     /// The positions of the first and the last pair's queries.
     pub first_position: u32,
     pub last_position: u32,
-    /// Keys `key_start .. key_end`: from the first query's window start to the last query's own
-    /// position.
+    /// Keys `key_start .. key_end`: from the first query's window or document start to the last
+    /// query's own position.
     pub key_start: u32,
     pub key_end: u32,
+    /// The start of the last query's document (0 unpacked): no row sees a key before it.
+    pub last_document_start: u32,
 }
 
 #[cube]
@@ -228,6 +237,7 @@ impl PairBlock {
     /// which see the most keys, are the first cubes).
     pub fn new(
         from_last: u32,
+        documents: &Tensor<f32>,
         unit: &Unit,
         geometry: &Geometry,
         #[comptime] block: u32,
@@ -241,6 +251,10 @@ impl PairBlock {
         if geometry.window > 0 && first_position + 1 > geometry.window {
             key_start = first_position + 1 - geometry.window;
         }
+        key_start = max(
+            key_start,
+            document_start(documents, unit.batch, first_position, geometry),
+        );
         PairBlock {
             first_pair,
             end_pair,
@@ -248,7 +262,28 @@ impl PairBlock {
             last_position,
             key_start,
             key_end: last_position + 1,
+            last_document_start: document_start(documents, unit.batch, last_position, geometry),
         }
+    }
+
+    /// The first key of the document of the unit's rows' queries (0 unpacked; 0 for rows past
+    /// the block's last pair, which are not written).
+    pub fn document_starts(
+        &self,
+        documents: &Tensor<f32>,
+        unit: &Unit,
+        geometry: &Geometry,
+    ) -> Array<u32> {
+        let mut starts = Array::<u32>::new(comptime!(UNIT_ROWS as usize));
+        #[unroll]
+        for i in 0..UNIT_ROWS {
+            let mut start = 0u32;
+            if self.pair(unit, i) < self.end_pair {
+                start = document_start(documents, unit.batch, self.position(unit, i), geometry);
+            }
+            starts[i as usize] = start;
+        }
+        starts
     }
 
     /// The pair of the unit's row `i` (rows past `end_pair` compute on zeros and are not
@@ -275,7 +310,40 @@ impl PairBlock {
             && start + tile <= end
             && start + tile <= self.first_position + 1
             && (geometry.window == 0 || self.last_position < start + geometry.window)
+            && start >= self.last_document_start
     }
+}
+
+/// The first position of the document that position `position` of sequence `batch` lies in; 0
+/// when the sequences are not packed.
+#[cube]
+pub fn document_start(
+    documents: &Tensor<f32>,
+    batch: u32,
+    position: u32,
+    geometry: &Geometry,
+) -> u32 {
+    let mut start = 0u32;
+    if geometry.packed == 1 {
+        start = u32::cast_from(documents[((batch * geometry.keys + position) * 2) as usize]);
+    }
+    start
+}
+
+/// The end (exclusive) of the document that position `position` of sequence `batch` lies in;
+/// `geometry.keys` when the sequences are not packed.
+#[cube]
+pub fn document_end(
+    documents: &Tensor<f32>,
+    batch: u32,
+    position: u32,
+    geometry: &Geometry,
+) -> u32 {
+    let mut end = geometry.keys;
+    if geometry.packed == 1 {
+        end = u32::cast_from(documents[((batch * geometry.keys + position) * 2 + 1) as usize]);
+    }
+    end
 }
 
 /// Loads the block's rows of `source` (`[batch, queries, heads · head_dim]`, each pair's own
@@ -306,11 +374,13 @@ pub fn load_pairs<F: Float, N: Size>(
     }
 }
 
-/// Whether query position `position` sees key `key` (padding aside).
+/// Whether query position `position`, whose document starts at `first_key`, sees key `key`
+/// (padding aside).
 #[cube]
-pub fn in_view(key: u32, position: u32, geometry: &Geometry) -> bool {
+pub fn in_view(key: u32, position: u32, first_key: u32, geometry: &Geometry) -> bool {
     key <= position
         && key < geometry.keys
+        && key >= first_key
         && (geometry.window == 0 || key + geometry.window > position)
 }
 
@@ -461,18 +531,21 @@ impl<F: Float, N: Size> KeyTile<F, N> {
         }
     }
 
-    /// Whether a query at `position` sees key `column` of this tile, loaded from key `start`
-    /// (keys from `end` on are not the block's), its padding included.
+    /// Whether a query at `position`, whose document starts at `first_key`, sees key `column` of
+    /// this tile, loaded from key `start` (keys from `end` on are not the block's), its padding
+    /// included.
+    #[allow(clippy::too_many_arguments)]
     pub fn sees(
         &self,
         column: u32,
         start: u32,
         end: u32,
         position: u32,
+        first_key: u32,
         geometry: &Geometry,
     ) -> bool {
         let key = start + column;
-        let mut visible = key < end && in_view(key, position, geometry);
+        let mut visible = key < end && in_view(key, position, first_key, geometry);
         if geometry.padded == 1 {
             visible = visible && self.padding[column as usize] < 0.5;
         }
