@@ -2,7 +2,7 @@
 //! directly: blocks and tiles of several sizes (not only those the rule picks for a shape), head
 //! widths 64 and 128, a padded width (72 in 80's kernel, four lanes) and a width loaded in
 //! vectors of 2; grouped heads packed into blocks, windows, padding, a scale, a soft-cap and
-//! sinks; a decoding step over a cache's storage rows, whole and split; and the stand-ins for
+//! sinks; sequences packed from documents; a decoding step over a cache's storage rows, whole and split; and the stand-ins for
 //! the tilings larger devices get, cubes of 128 units among them, in f32 and f16. Forward: output
 //! and log-sum-exp; backward: the query, key and value gradients. The forced blocks and tiles
 //! are `forced.rs`'s, which the kernel report reads too.
@@ -50,6 +50,8 @@ struct Case {
     /// The keys sit at storage rows `key_first ..` of `key_rows` per sequence (a cache's).
     key_first: usize,
     key_rows: usize,
+    /// Each sequence's documents' lengths, when the sequences are packed from documents.
+    documents: Option<&'static [&'static [usize]]>,
 }
 
 impl Case {
@@ -66,6 +68,7 @@ impl Case {
             scored: false,
             key_first: 0,
             key_rows: seq,
+            documents: None,
         }
     }
 
@@ -93,6 +96,38 @@ impl Case {
         } else {
             1.0 / (self.head_dim as f64).sqrt()
         }
+    }
+
+    /// Each position's document `[start, end)`, `[batch, keys, 2]`, as the kernels read them.
+    fn spans(&self) -> Option<Vec<f32>> {
+        let rows = self.documents?;
+        assert_eq!(rows.len(), self.batch, "documents of {self:?}");
+        let mut spans = Vec::with_capacity(2 * self.batch * self.keys);
+        for row in rows {
+            assert_eq!(row.iter().sum::<usize>(), self.keys, "documents of {self:?}");
+            let mut start = 0;
+            for &length in *row {
+                for _ in 0..length {
+                    spans.extend([start as f32, (start + length) as f32]);
+                }
+                start += length;
+            }
+        }
+        Some(spans)
+    }
+
+    /// The first key of the document of position `position` of sequence `batch` (0 unpacked).
+    fn document_start(&self, batch: usize, position: usize) -> usize {
+        self.documents.map_or(0, |rows| {
+            let mut start = 0;
+            for &length in rows[batch] {
+                if position < start + length {
+                    break;
+                }
+                start += length;
+            }
+            start
+        })
     }
 
     /// Sequence 0 left-padded by 2, the last right-padded by 3.
@@ -185,6 +220,7 @@ fn reference(case: &Case, inputs: &Inputs) -> Reference {
                         j <= position
                             && case.window.is_none_or(|w| position - j < w)
                             && !case.is_padding(b, j)
+                            && j >= case.document_start(b, position)
                     })
                     .map(|j| {
                         let s = dot(q, &inputs.key[k_at(b, j, kv)..][..d]) * case.scale();
@@ -311,7 +347,9 @@ fn tensors(case: &Case, inputs: &Inputs, dtype: DType, device: &WgpuDevice) -> F
         key_padding: case
             .padded
             .then(|| tensor(&padding, [b, case.keys], dtype, device)),
-        documents: None,
+        documents: case
+            .spans()
+            .map(|spans| tensor(&spans, [b, case.keys, 2], DType::F32, device)),
     }
 }
 
@@ -442,6 +480,34 @@ fn padded_widths_and_narrow_vectors() {
 }
 
 #[test]
+fn sequences_packed_from_documents() {
+    let Some(device) = device() else { return };
+    // Boundaries inside and on the blocks' and tiles' edges, one-token documents, sequences that
+    // pack differently; the rule's own tiling, then every forced one of width 64.
+    let grouped = Case {
+        documents: Some(&[&[1, 31, 38], &[16, 16, 37, 1]]),
+        ..Case::new(2, 70, 4, 2, 64)
+    };
+    assert_forward(&grouped, 1, TileRule::Auto, DType::F32, 90, &device);
+    assert_backward(&grouped, TileRule::Auto, DType::F32, 91, &device);
+    for (i, variant) in forced::GROUPED_WIDTH_64.iter().enumerate() {
+        assert_forced(&grouped, variant, [92 + i as u64, 112 + i as u64], &device);
+    }
+    // With a window, padding and scores, at width 128; one sequence is one
+    // document.
+    let scored = Case {
+        window: Some(9),
+        padded: true,
+        scored: true,
+        documents: Some(&[&[2, 20, 19], &[41]]),
+        ..Case::new(2, 41, 2, 1, 128)
+    };
+    assert_forward(&scored, 1, TileRule::Auto, DType::F32, 130, &device);
+    assert_backward(&scored, TileRule::Auto, DType::F32, 131, &device);
+    assert_forced(&scored, &forced::SCORED_WIDTH_128, [132, 133], &device);
+}
+
+#[test]
 fn decoding_over_a_cache_whole_and_split() {
     let Some(device) = device() else { return };
     // 3 new queries after 147 cached keys stored from row 5 of 200; a group of 3 heads.
@@ -496,7 +562,11 @@ fn the_stand_ins_for_larger_devices_tilings() {
             scored: true,
             ..plain
         };
-        for (j, case) in [plain, scored].iter().enumerate() {
+        let packed = Case {
+            documents: Some(&[&[5, 64, 1], &[33, 37]]),
+            ..plain
+        };
+        for (j, case) in [plain, scored, packed].iter().enumerate() {
             let seed = 200 + 10 * i as u64 + 2 * j as u64;
             assert_forced(case, variant, [seed, seed + 1], &device);
         }
