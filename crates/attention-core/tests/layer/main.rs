@@ -11,12 +11,14 @@
 //! - `variants`: q/k norms (per head, over the width, `1 + w`) and partial rotary embeddings, on
 //!   every path, alone and combined.
 //! - `errors`: bad input is an error value naming what was wrong.
+//! - `documents`: rows packed from documents, against each document alone.
 //! - `core_alone`: the attention core alone (`causal_attention`) against its formula written out.
 //! - `gpu_kernel`: the GPU kernel on wgpu, forward, backward and cached, against the explicit
 //!   path.
 
 mod common;
 mod core_alone;
+mod documents;
 mod errors;
 mod gpt2;
 #[cfg(feature = "wgpu")]

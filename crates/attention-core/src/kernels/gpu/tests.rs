@@ -104,7 +104,11 @@ impl Case {
         assert_eq!(rows.len(), self.batch, "documents of {self:?}");
         let mut spans = Vec::with_capacity(2 * self.batch * self.keys);
         for row in rows {
-            assert_eq!(row.iter().sum::<usize>(), self.keys, "documents of {self:?}");
+            assert_eq!(
+                row.iter().sum::<usize>(),
+                self.keys,
+                "documents of {self:?}"
+            );
             let mut start = 0;
             for &length in *row {
                 for _ in 0..length {
