@@ -61,8 +61,7 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
             let layer = weights
                 .to_layer::<B>(&config, device)
                 .map_err(weights_error)?;
-            let (y, attn_weights) =
-                outputs(&layer, x, positions, documents.as_ref(), args.path)?;
+            let (y, attn_weights) = outputs(&layer, x, positions, documents.as_ref(), args.path)?;
             tensors.push(("y".to_string(), y.into_data()));
             tensors.extend(attn_weights.map(|w| ("attn_weights".to_string(), w.into_data())));
         }
