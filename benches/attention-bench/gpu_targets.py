@@ -8,6 +8,10 @@ Targets (the GPU-speed issue): the core and the layer, forward and forward+backw
 most 1.0x all 12, a 512-key window at most 0.2x the full core (must); the core at most 2x SDPA
 from T = 1024 (goal).
 
+Packed documents (run-gpu.sh's `packed_set` rows): ours on the row packed from its documents
+against the same row as one document, per round; no target, and beside it the share of the
+causal row's score pairs that the documents keep.
+
 Whole models (the whole-models issue), per model and batch: decoding at least 5x the rate of the
 first H200 run and faster than this project's 2-core CPU decoding (must); prefill at most 2x
 transformers' time in float32 (must); decoding at least 1.0x transformers' tokens/s and prefill at
@@ -80,12 +84,37 @@ def model_rows(rows):
     return table
 
 
+def packed_rows(rows, ratios):
+    """Ours packed / ours as one document, per (core, mode, shape) and round."""
+    # (core, mode, shape, document lengths, or () for one document) -> {round: median ms}
+    times = collections.defaultdict(dict)
+    for r in rows:
+        if "packed_set" in r and r.get("impl") == "fused" and "median_ms" in r:
+            key = (r.get("core", False), r["mode"], r["shape"], tuple(r.get("documents") or ()))
+            times[key][r.get("round", 1)] = r["median_ms"]
+    table = []
+    for (core, mode, shape, lengths), packed in sorted(times.items()):
+        whole = times.get((core, mode, shape, ()))
+        if not lengths or not whole:
+            continue
+        seq = int(shape.split("x")[1])
+        # A causal document of L tokens scores L (L + 1) / 2 pairs.
+        kept = sum(n * (n + 1) for n in lengths) / (seq * (seq + 1))
+        values = ratios(packed, whole)
+        table.append((f"{'core' if core else 'layer'} {mode} {shape}: {len(lengths)} documents / one",
+                      f"— (pairs kept ×{kept:.3f})", f"×{span(values)}", ""))
+    return table
+
+
 def main(path):
     rows = [json.loads(line) for line in open(path) if line.startswith("{")]
     # (core, mode, shape, kv_heads, window, dtype, who) -> {round: median ms}
     times = collections.defaultdict(dict)
     for r in rows:
         if "median_ms" not in r or "impl" not in r:
+            continue
+        # Packed rows, and the unpacked rows timed beside them, are compared in packed_rows.
+        if "packed_set" in r or r.get("documents"):
             continue
         who = {"fused": "ours", "burn-op": "burn-op", "torch-sdpa": "sdpa"}[r["impl"]]
         heads = int(r["shape"].split("x")[3])
@@ -132,6 +161,7 @@ def main(path):
                 values = ratios(window, full)
                 table.append((f"core {mode} {shape}: 512 window / full", "≤ 0.2", f"×{span(values)}",
                               verdict(values, lambda v: v <= 0.2)))
+    table += packed_rows(rows, ratios)
     table += model_rows(rows)
     gpu = next((r["gpu"] for r in rows if r.get("kind") == "gpu"), "no GPU named")
     print(f"GPU: {gpu}\n")

@@ -13,6 +13,7 @@
 # cannot hold GPT-2's f32 embedding in one buffer):
 #   PEER_DEVICE=cpu CORE_SEQS="64 128" LAYER_SHAPES=1x64x768x12 DECODE_SHAPES=1x64x768x12 \
 #     LONG=128 CALLS=2 MODEL_FAMILIES=smollm2 MODEL_LAYERS=1 MODEL_PROMPT=8 MODEL_NEW=3 \
+#     PACKED_SHAPE=1x128x768x12 PACKED_DOCUMENTS=16,40,8,64 \
 #     benches/attention-bench/run-gpu.sh /tmp/gpu.jsonl
 set -uo pipefail
 out=$1
@@ -27,6 +28,9 @@ core_seqs=${CORE_SEQS:-1024 2048 4096 8192}
 layer_shapes=${LAYER_SHAPES:-4x512x768x12 1x1024x768x12 1x2048x768x12 1x4096x768x12 1x8192x768x12}
 decode_shapes=${DECODE_SHAPES:-1x1024x768x12 8x1024x768x12 1x16384x768x12}
 long=${LONG:-8192}
+# The packed row: the 16 documents of documents-4096x16.txt, which other scripts read too.
+packed_shape=${PACKED_SHAPE:-1x4096x768x12}
+packed_documents=${PACKED_DOCUMENTS:-$(grep -v '^#' "$here/documents-4096x16.txt" | tr -d ' \n')}
 model_families=${MODEL_FAMILIES:-gpt2 smollm2}
 model_prompt=${MODEL_PROMPT:-128}
 model_new=${MODEL_NEW:-64}
@@ -104,7 +108,19 @@ for mode in fwd fwdbwd; do
   ours 1 --impl fused --core --mode $mode --shape "$shape" --sliding-window 512
   torch 1 --core --mode $mode --shapes "$shape" --num-kv-heads 3
 done
-# 5. Whole models (the whole-models issue): random-weight checkpoints saved here by transformers,
+# 5. Packed documents, forward and backward, the core and the layer: the row packed from its 16
+# documents beside the same row as one document, in the same round. Tagged `packed_set`, so that
+# gpu_targets.py compares them with each other and not with the rows above.
+for round in $(seq "$rounds"); do
+  for core in --core ""; do
+    left "documents fwdbwd ${core:-layer} round $round" || break 2
+    TAG="\"packed_set\":\"$packed_shape\"," ours "$round" --impl fused $core --mode fwdbwd \
+      --shape "$packed_shape" --documents "$packed_documents"
+    TAG="\"packed_set\":\"$packed_shape\"," ours "$round" --impl fused $core --mode fwdbwd \
+      --shape "$packed_shape"
+  done
+done
+# 6. Whole models (the whole-models issue): random-weight checkpoints saved here by transformers,
 # decoded by lm-bench on wgpu in f32 and f16 and by transformers' generate on the GPU in float32
 # and bfloat16, greedy, batch 1 and 8.
 models=$(mktemp -d)
@@ -124,7 +140,7 @@ for family in $model_families; do
   done
 done
 rm -rf "$models"
-# 6. Half precision, the core: ours and Burn's op in f16 on wgpu, SDPA in f16 and bf16.
+# 7. Half precision, the core: ours and Burn's op in f16 on wgpu, SDPA in f16 and bf16.
 for mode in fwd fwdbwd; do
   for seq in $core_seqs; do
     left "f16 core $mode $seq" || break 2

@@ -34,12 +34,13 @@ fn backend<B: Backend>(c: &mut Criterion, name: &str, device: &B::Device) {
                     mode,
                     shape,
                     calls: 1,
+                    documents: None,
                 };
                 // Unsupported combinations (burn-nn has no cached decode) are left out. A case is
                 // prepared only when criterion runs it, so a filtered run prepares only its cases.
                 if timed.supported().is_ok() {
                     group.bench_function(shape.to_string(), |b| {
-                        let mut case = prepare::<B>(timed, device).expect("supported");
+                        let mut case = prepare::<B>(timed.clone(), device).expect("supported");
                         b.iter(|| case.iteration())
                     });
                 }

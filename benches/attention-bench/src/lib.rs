@@ -1,7 +1,7 @@
 //! Benchmark bodies shared by the criterion harness (`cargo bench -p attention-bench`) and the
 //! JSON runner (`cargo run --release -p attention-bench -- …`): one causal self-attention layer,
 //! `input_dim = output_dim = D`, no QKV bias, timed with the device synced inside the timed
-//! region.
+//! region; optionally on rows packed from documents ([`packed_documents`]).
 #![warn(missing_docs)]
 
 pub mod process;
@@ -11,8 +11,8 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use attention_core::{
-    AttentionInput, AttentionPath, KvCache, MultiHeadAttention, MultiHeadAttentionConfig,
-    causal_attention,
+    AttentionInput, AttentionPath, Documents, KvCache, MultiHeadAttention,
+    MultiHeadAttentionConfig, causal_attention,
 };
 use burn::backend::Autodiff;
 use burn::nn::attention::{
@@ -218,10 +218,12 @@ fn input<B: Backend>(shape: Shape, seq: usize, device: &B::Device) -> Tensor<B, 
     )
 }
 
-/// A forward closure over `x` for one implementation, on any backend (autodiff or not).
+/// A forward closure over `x` for one implementation, on any backend (autodiff or not); with
+/// `documents`, our layer's input packs each row from them.
 fn forward_fn<B: Backend>(
     implementation: Impl,
     shape: Shape,
+    documents: Option<Documents>,
     device: &B::Device,
 ) -> Box<dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>> {
     match implementation {
@@ -229,9 +231,13 @@ fn forward_fn<B: Backend>(
             let layer = our_layer::<B>(shape, device);
             let path = implementation.path();
             Box::new(move |x| {
-                layer
-                    .try_forward(AttentionInput::new(x).path(path))
-                    .expect("valid shape")
+                let input = AttentionInput::new(x).path(path);
+                // A clone per call, as a training step hands its batch's documents to the layer.
+                let input = match &documents {
+                    Some(documents) => input.documents(documents.clone()),
+                    None => input,
+                };
+                layer.try_forward(input).expect("valid shape")
             })
         }
         Impl::BurnNn => {
@@ -318,8 +324,9 @@ pub fn supports(implementation: Impl, mode: Mode, shape: Shape) -> Result<(), Un
     Ok(())
 }
 
-/// What a case times: an implementation in a mode at a shape, `calls` calls per sync.
-#[derive(Debug, Clone, Copy)]
+/// What a case times: an implementation in a mode at a shape, `calls` calls per sync, its rows
+/// whole or packed from documents.
+#[derive(Debug, Clone)]
 pub struct Timed {
     /// Whose attention.
     pub implementation: Impl,
@@ -329,60 +336,131 @@ pub struct Timed {
     pub shape: Shape,
     /// Calls queued before each sync.
     pub calls: usize,
+    /// The documents each row is packed from ([`packed_documents`]); `None`: one per row.
+    pub documents: Option<Documents>,
 }
 
 impl Timed {
-    /// Whether this implementation runs this mode at this shape.
+    /// Whether this implementation runs this mode at this shape, with its documents: those are
+    /// for whole rows of our layer or attention core (not a decoding step, which continues one
+    /// sequence per row, nor Burn's layer) and must cover the shape's `[batch, seq]`.
     pub fn supported(&self) -> Result<(), Unsupported> {
-        supports(self.implementation, self.mode, self.shape)
+        supports(self.implementation, self.mode, self.shape)?;
+        let Some(documents) = &self.documents else {
+            return Ok(());
+        };
+        if self.mode == Mode::Decode {
+            return Err(Unsupported(
+                "--documents packs whole rows: not --mode decode, whose cache continues one \
+                 sequence per row"
+                    .into(),
+            ));
+        }
+        if self.implementation == Impl::BurnNn {
+            return Err(Unsupported(
+                "burn-nn has no documents (its mask is the autoregressive one)".into(),
+            ));
+        }
+        let expected = [self.shape.batch, self.shape.seq];
+        if documents.shape() != expected {
+            return Err(Unsupported(format!(
+                "shape `{}`: documents cover [batch, seq] = {:?}, expected {expected:?}",
+                self.shape,
+                documents.shape()
+            )));
+        }
+        Ok(())
     }
+}
+
+/// Every row of `shape` packed from documents of `lengths` tokens, in order (the runner's
+/// `--documents`).
+///
+/// # Errors
+/// When a length is 0 or the lengths do not add up to the shape's sequence.
+pub fn packed_documents(shape: Shape, lengths: &[usize]) -> Result<Documents, Unsupported> {
+    let listed = lengths
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    if let Some(document) = lengths.iter().position(|&length| length == 0) {
+        return Err(Unsupported(format!(
+            "--documents {listed}: document {document} has 0 tokens; every document has one at \
+             least"
+        )));
+    }
+    // Added with a check: lengths are the user's, and a wrapped sum could equal the sequence.
+    let sum = lengths
+        .iter()
+        .try_fold(0usize, |sum, &length| sum.checked_add(length));
+    if sum != Some(shape.seq) {
+        let sum = match sum {
+            Some(sum) => format!("{sum} tokens"),
+            None => "more tokens than a usize holds".to_string(),
+        };
+        return Err(Unsupported(format!(
+            "--documents {listed}: the lengths add up to {sum}, but shape `{shape}` has rows of {} \
+             tokens",
+            shape.seq
+        )));
+    }
+    Documents::from_lengths(&vec![lengths.to_vec(); shape.batch])
+        .map_err(|error| Unsupported(format!("--documents {listed}: {error}")))
 }
 
 /// Prepares the whole layer as `timed` says, on backend `B`.
 pub fn prepare<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case, Unsupported> {
     timed.supported()?;
+    let Timed {
+        implementation,
+        mode,
+        shape,
+        calls,
+        documents,
+    } = timed;
     let device = device.clone();
-    match timed.mode {
+    match mode {
         Mode::Fwd => {
-            let forward = forward_fn::<B>(timed.implementation, timed.shape, &device);
-            let x = input::<B>(timed.shape, timed.shape.seq, &device);
+            let forward = forward_fn::<B>(implementation, shape, documents, &device);
+            let x = input::<B>(shape, shape.seq, &device);
             Ok(Case {
                 run: Box::new(move || {
-                    for _ in 0..timed.calls {
+                    for _ in 0..calls {
                         drop(forward(x.clone()));
                     }
                     sync::<B>(&device);
                 }),
-                calls: timed.calls,
+                calls,
             })
         }
         Mode::Fwdbwd => {
-            let forward = forward_fn::<Autodiff<B>>(timed.implementation, timed.shape, &device);
-            let x = input::<Autodiff<B>>(timed.shape, timed.shape.seq, &device).require_grad();
+            let forward = forward_fn::<Autodiff<B>>(implementation, shape, documents, &device);
+            let x = input::<Autodiff<B>>(shape, shape.seq, &device).require_grad();
             Ok(Case {
                 run: Box::new(move || {
-                    for _ in 0..timed.calls {
+                    for _ in 0..calls {
                         drop(forward(x.clone()).sum().backward());
                     }
                     sync::<B>(&device);
                 }),
-                calls: timed.calls,
+                calls,
             })
         }
         Mode::Decode => {
-            let layer = our_layer::<B>(timed.shape, &device);
+            let layer = our_layer::<B>(shape, &device);
             let mut cache: KvCache<B> = layer.new_cache();
             layer
                 .forward_cached(
-                    input::<B>(timed.shape, timed.shape.seq - 1, &device),
+                    input::<B>(shape, shape.seq - 1, &device),
                     &mut cache,
                 )
                 .expect("prefill fits");
-            let token = input::<B>(timed.shape, 1, &device);
-            let path = timed.implementation.path();
+            let token = input::<B>(shape, 1, &device);
+            let path = implementation.path();
             Ok(Case {
                 run: Box::new(move || {
-                    for _ in 0..timed.calls {
+                    for _ in 0..calls {
                         let y = layer
                             .forward_cached(
                                 AttentionInput::new(token.clone()).path(path),
@@ -390,11 +468,11 @@ pub fn prepare<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case, Uns
                             )
                             .expect("room for one");
                         drop(y);
-                        cache.truncate(timed.shape.seq - 1).expect("no window");
+                        cache.truncate(shape.seq - 1).expect("no window");
                     }
                     sync::<B>(&device);
                 }),
-                calls: timed.calls,
+                calls,
             })
         }
     }
@@ -403,51 +481,59 @@ pub fn prepare<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case, Uns
 /// The attention core alone (the queries, keys and values in the layer's layout → the context),
 /// as `timed` says, on backend `B`: ours ([`Impl::Fused`], [`causal_attention`]) or Burn's
 /// attention op ([`Impl::BurnOp`], on the heads split apart, the split, the key/value heads'
-/// repetition and a window's mask made before the timed calls). A decoding step is one query over
-/// `seq` keys.
+/// repetition and a window's or the documents' mask made before the timed calls). A decoding step
+/// is one query over `seq` keys.
 pub fn prepare_core<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case, Unsupported> {
     timed.supported()?;
-    if !matches!(timed.implementation, Impl::Fused | Impl::BurnOp) {
+    let Timed {
+        implementation,
+        mode,
+        shape,
+        calls,
+        documents,
+    } = timed;
+    if !matches!(implementation, Impl::Fused | Impl::BurnOp) {
         return Err(Unsupported(format!(
             "--core times `fused` (ours) or `burn-op`, not `{}`",
-            timed.implementation.name()
+            implementation.name()
         )));
     }
     let device = device.clone();
-    match timed.mode {
+    match mode {
         Mode::Fwd | Mode::Decode => {
-            let core = core_fn::<B>(timed.implementation, timed.mode, timed.shape, &device);
+            let core = core_fn::<B>(implementation, mode, shape, documents, &device);
             Ok(Case {
                 run: Box::new(move || {
-                    for _ in 0..timed.calls {
+                    for _ in 0..calls {
                         drop(core());
                     }
                     sync::<B>(&device);
                 }),
-                calls: timed.calls,
+                calls,
             })
         }
         Mode::Fwdbwd => {
-            let core =
-                core_fn::<Autodiff<B>>(timed.implementation, timed.mode, timed.shape, &device);
+            let core = core_fn::<Autodiff<B>>(implementation, mode, shape, documents, &device);
             Ok(Case {
                 run: Box::new(move || {
-                    for _ in 0..timed.calls {
+                    for _ in 0..calls {
                         drop(core().sum().backward());
                     }
                     sync::<B>(&device);
                 }),
-                calls: timed.calls,
+                calls,
             })
         }
     }
 }
 
-/// One call of the attention core on inputs made once, tracked for gradients under `Autodiff`.
+/// One call of the attention core on inputs made once, tracked for gradients under `Autodiff`;
+/// with `documents` (whole rows, not a decoding step), each query sees its own document's keys.
 fn core_fn<B: Backend>(
     implementation: Impl,
     mode: Mode,
     shape: Shape,
+    documents: Option<Documents>,
     device: &B::Device,
 ) -> Box<dyn Fn() -> Tensor<B, 3>> {
     let head_dim = shape.dim / shape.heads;
@@ -468,7 +554,8 @@ fn core_fn<B: Backend>(
     let (heads, window) = (shape.heads, shape.window);
     if implementation == Impl::Fused {
         return Box::new(move || {
-            causal_attention(q.clone(), k.clone(), v.clone(), heads, window, None).expect("shapes fit")
+            let (q, k, v) = (q.clone(), k.clone(), v.clone());
+            causal_attention(q, k, v, heads, window, documents.as_ref()).expect("shapes fit")
         });
     }
     let group = shape.heads / shape.kv_heads;
@@ -486,14 +573,27 @@ fn core_fn<B: Backend>(
             .reshape([batch, heads, keys, head_dim])
     };
     let (q, k, v) = (split(q, heads), repeated(k), repeated(v));
-    let mask = window.map(|window| {
+    // Burn's op is causal by a flag or by a mask, not both: with a window or documents the mask
+    // holds the causal part as well as theirs.
+    let mask = (window.is_some() || documents.is_some()).then(|| {
         let past = shape.seq - queries;
-        attention_core::mask::attention_mask(
+        let causal = attention_core::mask::attention_mask::<B>(
             [shape.batch, heads, queries, past],
             None,
-            Some(window),
+            window,
             device,
-        )
+        );
+        match &documents {
+            Some(documents) => {
+                let [batch, seq] = documents.shape();
+                let other_documents = documents
+                    .mask::<B>(device)
+                    .reshape([batch, 1, seq, seq])
+                    .expand([batch, heads, seq, seq]);
+                causal.bool_or(other_documents)
+            }
+            None => causal,
+        }
     });
     let options = AttentionModuleOptions {
         scale: None,

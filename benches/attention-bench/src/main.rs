@@ -4,6 +4,9 @@
 //! ```text
 //! cargo run --release -p attention-bench -- --backend flex --impl fused --mode fwd \
 //!     --shape 1x1024x768x12 --shape 4x512x768x12 --repeats 10 --threads 2
+//! # each 1024-token row packed from documents of 100, 400 and 524 tokens
+//! cargo run --release -p attention-bench -- --backend flex --impl fused --mode fwdbwd \
+//!     --shape 1x1024x768x12 --documents 100,400,524 --core
 //! ```
 
 use std::process::ExitCode;
@@ -11,7 +14,9 @@ use std::time::Duration;
 
 use attention_backends::{BackendName, FloatType, OnBackend};
 use attention_bench::process::{median, run_on_in};
-use attention_bench::{Impl, Mode, Shape, Timed, Unsupported, prepare, prepare_core};
+use attention_bench::{
+    Impl, Mode, Shape, Timed, Unsupported, packed_documents, prepare, prepare_core, supports,
+};
 use burn::prelude::*;
 use clap::Parser;
 
@@ -53,6 +58,11 @@ struct Args {
     /// small call: time those with 20 or more.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     calls_per_sync: u32,
+    /// Packs every row from documents of these lengths, in order, `L1,L2,…` (each at least 1,
+    /// adding up to the shape's sequence): each token attends within its own document. Whole
+    /// rows only (`--mode fwd` or `fwdbwd`), of our layer or core (not `--impl burn-nn`).
+    #[arg(long, value_name = "L1,L2,…", value_delimiter = ',')]
+    documents: Option<Vec<usize>>,
 }
 
 /// One JSON line per shape.
@@ -71,6 +81,9 @@ struct Record<'a> {
     shape: String,
     num_kv_heads: usize,
     sliding_window: Option<usize>,
+    /// The lengths of the documents each row is packed from (`--documents`); `null` for one
+    /// document per row. The GFLOP/s stay nominal: those of whole causal rows.
+    documents: Option<&'a [usize]>,
     /// The size of rayon's pool as this process found it.
     threads: usize,
     repeats: usize,
@@ -101,26 +114,16 @@ fn run<B: Backend>(backend: &str, device: &B::Device, args: &Args) -> Result<(),
     if args.repeats == 0 {
         return Err(Unsupported("--repeats must be at least 1".into()));
     }
-    for &shape in &args.shapes {
-        let mut shape = shape;
-        if let Some(kv_heads) = args.num_kv_heads {
-            let kv_heads = kv_heads as usize;
-            if !shape.heads.is_multiple_of(kv_heads) {
-                return Err(Unsupported(format!(
-                    "shape `{shape}`: --num-kv-heads {kv_heads} does not divide {} heads",
-                    shape.heads
-                )));
-            }
-            shape.kv_heads = kv_heads;
-        }
-        shape.window = args.sliding_window.map(|window| window as usize);
+    // The flags checked against every shape before any is timed: a bad one costs no run. (Whether
+    // a shape fits in memory is asked when it comes, after the shapes before it.)
+    let cases = args
+        .shapes
+        .iter()
+        .map(|&shape| case_of(shape, args))
+        .collect::<Result<Vec<_>, _>>()?;
+    for timed in cases {
+        let shape = timed.shape;
         reset_peak_rss();
-        let timed = Timed {
-            implementation: args.implementation,
-            mode: args.mode,
-            shape,
-            calls: args.calls_per_sync as usize,
-        };
         let mut case = match args.core {
             true => prepare_core::<B>(timed, device)?,
             false => prepare::<B>(timed, device)?,
@@ -143,6 +146,7 @@ fn run<B: Backend>(backend: &str, device: &B::Device, args: &Args) -> Result<(),
             shape: shape.to_string(),
             num_kv_heads: shape.kv_heads,
             sliding_window: shape.window,
+            documents: args.documents.as_deref(),
             threads: rayon::current_num_threads(),
             repeats: times.len(),
             median_ms: median * 1e3,
@@ -157,6 +161,36 @@ fn run<B: Backend>(backend: &str, device: &B::Device, args: &Args) -> Result<(),
         );
     }
     Ok(())
+}
+
+/// What `args` ask of `shape`: its key/value heads, window and documents, checked against it.
+fn case_of(mut shape: Shape, args: &Args) -> Result<Timed, Unsupported> {
+    if let Some(kv_heads) = args.num_kv_heads {
+        let kv_heads = kv_heads as usize;
+        if !shape.heads.is_multiple_of(kv_heads) {
+            return Err(Unsupported(format!(
+                "shape `{shape}`: --num-kv-heads {kv_heads} does not divide {} heads",
+                shape.heads
+            )));
+        }
+        shape.kv_heads = kv_heads;
+    }
+    shape.window = args.sliding_window.map(|window| window as usize);
+    let documents = match &args.documents {
+        Some(lengths) => {
+            // The lengths are copied for every row: refused first where the rows could never fit.
+            supports(args.implementation, args.mode, shape)?;
+            Some(packed_documents(shape, lengths)?)
+        }
+        None => None,
+    };
+    Ok(Timed {
+        implementation: args.implementation,
+        mode: args.mode,
+        shape,
+        calls: args.calls_per_sync as usize,
+        documents,
+    })
 }
 
 /// Resets the kernel's peak-RSS mark (Linux), so each shape reports its own peak.

@@ -262,3 +262,73 @@ fn the_core_alone_and_its_float_type() {
         "{stderr}"
     );
 }
+
+/// `--documents` packs every row from documents of the given lengths, for the layer and the core
+/// (ours and Burn's op), forward and backward; the line lists the lengths (and `null` without
+/// them). Lengths that do not fill the rows, an empty document, a decoding step and Burn's layer
+/// are refused in one line.
+#[test]
+fn packed_documents_are_benchmarked_and_listed() {
+    let run = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["--backend", "flex", "--shape", "2x9x16x4"])
+            .args(["--repeats", "1", "--warmup", "0"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    for (implementation, core) in [
+        ("fused", false),
+        ("explicit", false),
+        ("burn-op", false),
+        ("fused", true),
+        ("burn-op", true),
+    ] {
+        for mode in ["fwd", "fwdbwd"] {
+            let mut extra = vec!["--impl", implementation, "--mode", mode];
+            extra.extend(["--documents", "3,1,5"]);
+            if core {
+                extra.push("--core");
+            }
+            let what = format!("{extra:?}");
+            let output = run(&extra);
+            assert!(
+                output.status.success(),
+                "{what}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            let record: Value = serde_json::from_slice(&output.stdout).unwrap();
+            assert_eq!(record["documents"], serde_json::json!([3, 1, 5]), "{what}");
+            assert_eq!(record["core"], core, "{what}");
+            assert!(record["median_ms"].as_f64().unwrap() > 0.0, "{what}");
+        }
+    }
+    let output = run(&["--impl", "fused", "--mode", "fwd"]);
+    let record: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(record["documents"], Value::Null);
+    let refusals: [(&[&str], &str); 4] = [
+        (
+            &["--impl", "fused", "--mode", "fwd", "--documents", "3,1,4"],
+            "3,1,4: the lengths add up to 8 tokens, but shape `2x9x16x4` has rows of 9",
+        ),
+        (
+            &["--impl", "fused", "--mode", "fwd", "--documents", "4,0,5"],
+            "--documents 4,0,5: document 1 has 0 tokens",
+        ),
+        (
+            &["--impl", "fused", "--mode", "decode", "--documents", "9"],
+            "--documents packs whole rows: not --mode decode",
+        ),
+        (
+            &["--impl", "burn-nn", "--mode", "fwd", "--documents", "9"],
+            "burn-nn has no documents",
+        ),
+    ];
+    for (extra, needle) in refusals {
+        let output = run(extra);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{extra:?}: {stderr}");
+        assert!(stderr.contains(needle), "{extra:?}: {stderr}");
+    }
+}

@@ -455,6 +455,60 @@ pub fn apply_hugging_face_layers_match_transformers(bin: &str) {
     }
 }
 
+/// The chapter's layer on rows packed from documents (`fixtures/make_packed.py`): the input
+/// file's `segment_ids` give each row's documents.
+pub const PACKED: &str = "book_packed_s0_b2_t9_i8_o8_h2_bias.safetensors";
+
+/// `apply` on rows packed from documents (the input file's `segment_ids`) gives PyTorch's
+/// output, attention weights and every gradient under the causal, same-document mask, on the
+/// explicit and fused paths; `--path cached`, which continues one sequence per row, is refused
+/// naming the tensor.
+pub fn apply_packed_documents_match_pytorch(bin: &str) {
+    let dir = scratch("apply-packed");
+    let file = fixture(PACKED);
+    let file = file.to_str().unwrap();
+    let apply_args = |path: &str, out: &Path| -> Vec<String> {
+        [
+            "apply",
+            "--weights",
+            file,
+            "--num-heads",
+            "2",
+            "--input",
+            file,
+            "--cotangent",
+            file,
+            "--path",
+            path,
+            "--output",
+            out.to_str().unwrap(),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    for path in ["explicit", "fused"] {
+        let out = dir.join(format!("{path}.safetensors"));
+        let args = apply_args(path, &out);
+        success(bin, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut keys = vec!["y".to_string()];
+        if path == "explicit" {
+            keys.push("attn_weights".into());
+        }
+        keys.extend(grad_keys(Path::new(file)));
+        assert!(keys.contains(&"grad.query_layer.bias".to_string()), "{keys:?}");
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        assert_matches_fixture(&out, Path::new(file), &keys);
+    }
+    let out = dir.join("cached.safetensors");
+    let args = apply_args("cached", &out);
+    user_error(
+        bin,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        "`segment_ids` cannot go with --path cached: document boundaries are for whole",
+        &out,
+    );
+}
+
 /// `heatmap` draws one panel per head and a scale, for the walkthrough and for given weights.
 pub fn heatmap_writes_a_png(bin: &str) {
     let dir = scratch("heatmap");
@@ -498,6 +552,7 @@ macro_rules! cli_tests {
             apply_errors_are_one_line_and_write_nothing,
             apply_score_flags_agree_on_every_path,
             apply_hugging_face_layers_match_transformers,
+            apply_packed_documents_match_pytorch,
             heatmap_writes_a_png);
     };
     (@each $binary:expr, |$test:ident| $ready:expr; $($case:ident),+) => {

@@ -1,14 +1,15 @@
-//! `apply`: a PyTorch-trained layer on given inputs; outputs, attention weights and gradients
-//! written as safetensors, gradients in the layout the weights came in.
+//! `apply`: a PyTorch-trained layer on given inputs (with their rotary positions and the documents
+//! their rows are packed from, where the input file has them); outputs, attention weights and
+//! gradients written as safetensors, gradients in the layout the weights came in.
 
 use attention_core::weights::{AttentionParams, LayerWeights, StateDict};
 use attention_core::{
-    AttentionError, AttentionInput, MultiHeadAttention, MultiHeadAttentionConfig, QkNormConfig,
-    QkNormScope, RopeConfig, RopeLayout, RopeScaling,
+    AttentionError, AttentionInput, Documents, MultiHeadAttention, MultiHeadAttentionConfig,
+    QkNormConfig, QkNormScope, RopeConfig, RopeLayout, RopeScaling,
 };
 use burn::backend::Autodiff;
 use burn::prelude::*;
-use burn::tensor::Int;
+use burn::tensor::{Int, TensorData};
 
 use tensor_files::OutputFile;
 
@@ -41,7 +42,18 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
         .infer_config(args.num_heads, context_length)
         .map_err(weights_error)?;
     let config = with_flags(config, args)?;
-    let positions = read_positions::<B>(&args.input, [batch, seq], device)?;
+    let input = StateDict::load(&args.input)?;
+    let positions = read_positions::<B>(&input, [batch, seq], device)?;
+    let documents = read_documents(&input, [batch, seq])?;
+    if documents.is_some() && args.path == PathArg::Cached {
+        // The layer refuses too (a cached call continues one sequence per row); said here first,
+        // naming the file and the tensor that asked for documents.
+        return Err(DemoError(format!(
+            "{}: `segment_ids` cannot go with --path cached: {}",
+            args.input.display(),
+            AttentionError::DocumentsWithCache
+        )));
+    }
 
     let mut tensors = Vec::new();
     match &args.cotangent {
@@ -49,7 +61,7 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
             let layer = weights
                 .to_layer::<B>(&config, device)
                 .map_err(weights_error)?;
-            let (y, attn_weights) = outputs(&layer, x, positions, args.path)?;
+            let (y, attn_weights) = outputs(&layer, x, positions, documents.as_ref(), args.path)?;
             tensors.push(("y".to_string(), y.into_data()));
             tensors.extend(attn_weights.map(|w| ("attn_weights".to_string(), w.into_data())));
         }
@@ -68,7 +80,13 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
             }
             let x = Tensor::<Autodiff<B>, 3>::from_inner(x).require_grad();
             let positions = positions.map(Tensor::from_inner);
-            let (y, attn_weights) = outputs(&layer, x.clone(), positions, args.path)?;
+            let (y, attn_weights) = outputs(
+                &layer,
+                x.clone(),
+                positions,
+                documents.as_ref(),
+                args.path,
+            )?;
             let grads = (y.clone() * r).sum().backward();
             tensors.push(("y".to_string(), y.inner().into_data()));
             tensors
@@ -172,44 +190,76 @@ fn rope_scaling(json: &str) -> Result<RopeScaling, DemoError> {
 
 /// The input file's `position_ids` (`[batch, seq]`, integers), if it has them.
 fn read_positions<B: Backend>(
-    input: &std::path::Path,
-    [batch, seq]: [usize; 2],
+    input: &StateDict,
+    shape: [usize; 2],
     device: &B::Device,
 ) -> Result<Option<Tensor<B, 2, Int>>, DemoError> {
-    let dict = StateDict::load(input)?;
-    let Some(data) = dict.data("position_ids") else {
+    let positions = integer_rows(input, "position_ids", shape)?;
+    Ok(positions.map(|data| Tensor::from_data(data.clone(), device)))
+}
+
+/// The documents the input file's `segment_ids` (`[batch, seq]`, integers) describe, if it has
+/// them: a run of equal ids is one document (ids at least 0, never decreasing along a row), as
+/// PyTorch's document masks take them.
+///
+/// The ids are checked on the host, as the file holds them: on the device they would first be
+/// narrowed to the backend's integer type, which may not hold an int64 id.
+fn read_documents(input: &StateDict, shape: [usize; 2]) -> Result<Option<Documents>, DemoError> {
+    let Some(data) = integer_rows(input, "segment_ids", shape)? else {
+        return Ok(None);
+    };
+    // Every integer type a file holds (int8 to int64, uint8) widens to i64 exactly.
+    let ids: Vec<i64> = data.iter::<i64>().collect();
+    let documents = Documents::from_segment_id_rows(&ids, shape).map_err(|error| {
+        DemoError(format!("{}: `segment_ids`: {error}", input.path().display()))
+    })?;
+    Ok(Some(documents))
+}
+
+/// The input file's tensor `key`, if present, checked to be integers of shape `[batch, seq]`.
+fn integer_rows<'a>(
+    input: &'a StateDict,
+    key: &str,
+    [batch, seq]: [usize; 2],
+) -> Result<Option<&'a TensorData>, DemoError> {
+    let Some(data) = input.data(key) else {
         return Ok(None);
     };
     let integers = data.dtype.is_int() || data.dtype.is_uint();
     if data.shape.as_slice() != [batch, seq] || !integers {
         return Err(DemoError(format!(
-            "{}: `position_ids` must be integers of shape [batch, seq] = [{batch}, {seq}], got \
-             {:?} {:?}",
-            input.display(),
+            "{}: `{key}` must be integers of shape [batch, seq] = [{batch}, {seq}], got {:?} {:?}",
+            input.path().display(),
             data.dtype,
             data.shape.as_slice()
         )));
     }
-    Ok(Some(Tensor::from_data(data.clone(), device)))
+    Ok(Some(data))
 }
 
-/// The layer's output on `path`, with the attention weights on the explicit path.
+/// The layer's output on `path`, with the attention weights on the explicit path; with
+/// `documents`, each token attends within its own document only (the cached path refuses them:
+/// [`AttentionError::DocumentsWithCache`]).
 ///
 /// # Shapes
-/// - `x`: `[batch, seq, input_dim]`; `positions`: `[batch, seq]`
+/// - `x`: `[batch, seq, input_dim]`; `positions` and `documents`: `[batch, seq]`
 /// - output: `[batch, seq, output_dim]` and `[batch, heads, seq, seq]`
 fn outputs<C: Backend>(
     layer: &MultiHeadAttention<C>,
     x: Tensor<C, 3>,
     positions: Option<Tensor<C, 2, Int>>,
+    documents: Option<&Documents>,
     path: PathArg,
 ) -> Result<(Tensor<C, 3>, Option<Tensor<C, 4>>), DemoError> {
     let input = |x: Tensor<C, 3>, positions: Option<Tensor<C, 2, Int>>| {
-        let input = AttentionInput::new(x).path(path.attention_path());
-        match positions {
-            Some(positions) => input.positions(positions),
-            None => input,
+        let mut input = AttentionInput::new(x).path(path.attention_path());
+        if let Some(positions) = positions {
+            input = input.positions(positions);
         }
+        if let Some(documents) = documents {
+            input = input.documents(documents.clone());
+        }
+        input
     };
     Ok(match path {
         PathArg::Explicit => {

@@ -57,7 +57,8 @@ pub enum PathArg {
     Explicit,
     /// The fused path: this crate's CPU kernel on ndarray and flex, Burn's attention op on wgpu.
     Fused,
-    /// One token at a time through a KV cache (Burn's attention op over the cached keys).
+    /// One token at a time through a KV cache (Burn's attention op over the cached keys); whole
+    /// sequences only, so not with an input's `segment_ids`.
     Cached,
 }
 
@@ -140,7 +141,10 @@ pub struct ApplyArgs {
     #[arg(long, value_name = "C")]
     pub softcap: Option<f64>,
     /// Safetensors file with tensor `x` `[batch, seq, input_dim]`, and optionally
-    /// `position_ids` `[batch, seq]` (int64): the rotary positions.
+    /// `position_ids` `[batch, seq]` (int64): the rotary positions, and `segment_ids`
+    /// `[batch, seq]` (int64): rows packed from documents, a run of equal ids being one document
+    /// (ids at least 0, not decreasing along a row), each token attending within its own
+    /// (not with `--path cached`).
     #[arg(long)]
     pub input: PathBuf,
     /// Safetensors file to write: `y`, `attn_weights` (explicit path), and with `--cotangent`

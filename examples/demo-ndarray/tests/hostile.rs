@@ -702,3 +702,103 @@ fn a_huge_context_length_runs_the_cache_on_demand() {
         assert_matches_fixture(&out, &weights, &["y"]);
     }
 }
+
+/// A copy of the packed fixture in `dir` named `label`, its `segment_ids` replaced by `ids`.
+fn with_segment_ids(dir: &Path, label: &str, ids: RawTensor) -> PathBuf {
+    let mut tensors = tensor_files::read(&fixture(demo_cli_cases::PACKED)).unwrap();
+    tensors.insert("segment_ids".into(), ids);
+    let path = dir.join(format!("{label}.safetensors"));
+    std::fs::write(
+        &path,
+        tensor_files::safetensors::serialize(&tensors).unwrap(),
+    )
+    .unwrap();
+    path
+}
+
+/// An int64 tensor of `shape` holding `ids`.
+fn int64_ids(shape: Vec<usize>, ids: &[i64]) -> RawTensor {
+    let bytes = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+    RawTensor::new(Dtype::I64, shape, bytes).unwrap()
+}
+
+#[test]
+fn segment_ids_that_describe_no_documents_are_refused_naming_the_tensor() {
+    let dir = scratch("segment-ids");
+    let weights = copy(&dir, demo_cli_cases::PACKED);
+    let out = dir.join("out.safetensors");
+    let good = [0, 0, 0, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3, 8, 8, 8, 8, 8];
+    let mut decreasing = good;
+    decreasing[17] = 2;
+    let mut negative = good;
+    negative[0] = -1;
+    let cases = [
+        (
+            "decreasing",
+            int64_ids(vec![2, 9], &decreasing),
+            "`segment_ids`: segment id 2 at row 1, position 8 is smaller than the one before it",
+        ),
+        (
+            "negative",
+            int64_ids(vec![2, 9], &negative),
+            "`segment_ids`: segment id -1 at row 0, position 0 is negative",
+        ),
+        (
+            "short",
+            int64_ids(vec![2, 8], &good[..16]),
+            "`segment_ids` must be integers of shape [batch, seq] = [2, 9], got I64 [2, 8]",
+        ),
+        (
+            "float",
+            RawTensor::from_f32(vec![2, 9], &[1.0; 18]),
+            "`segment_ids` must be integers of shape [batch, seq] = [2, 9], got F32 [2, 9]",
+        ),
+        (
+            "bool",
+            RawTensor::new(Dtype::Bool, vec![2, 9], vec![1; 18]).unwrap(),
+            "`segment_ids` must be integers of shape [batch, seq] = [2, 9], got Bool",
+        ),
+    ];
+    for (label, ids, needle) in cases {
+        let input = with_segment_ids(&dir, label, ids);
+        // Bad ids are refused on every path, before the cached path's own refusal.
+        for path in ["explicit", "fused", "cached"] {
+            refused(
+                &apply(&weights, &input, &out, &["--path", path]),
+                needle,
+                &[weights.as_path(), input.as_path()],
+                &out,
+            );
+        }
+    }
+}
+
+/// A document is a run of equal ids, whatever their values and integer type: ids beyond 32 bits,
+/// int32 and uint8 ids give the fixture's numbers.
+#[test]
+fn segment_ids_of_any_integer_type_and_size_give_the_same_documents() {
+    let dir = scratch("segment-id-types");
+    let weights = copy(&dir, demo_cli_cases::PACKED);
+    // Each token's document in its row: 3, 1 and 5 tokens, then 4 and 5.
+    const DOCUMENTS: [i64; 18] = [0, 0, 0, 1, 2, 2, 2, 2, 2, 0, 0, 0, 0, 1, 1, 1, 1, 1];
+    // Each row's documents numbered from `first`, `step` apart.
+    let ids = |first: i64, step: i64| DOCUMENTS.map(|document| first + step * document);
+    let huge = ids(1 << 40, 1 << 20);
+    let int32: Vec<u8> = ids(0, 7)
+        .iter()
+        .flat_map(|&id| (id as i32).to_le_bytes())
+        .collect();
+    let uint8: Vec<u8> = ids(250, 1).iter().map(|&id| id as u8).collect();
+    let cases = [
+        ("huge", int64_ids(vec![2, 9], &huge)),
+        ("int32", RawTensor::new(Dtype::I32, vec![2, 9], int32).unwrap()),
+        ("uint8", RawTensor::new(Dtype::U8, vec![2, 9], uint8).unwrap()),
+    ];
+    for (label, ids) in cases {
+        let input = with_segment_ids(&dir, label, ids);
+        let out = dir.join(format!("{label}.out.safetensors"));
+        let result = run(BIN, &apply(&weights, &input, &out, &[]));
+        assert!(result.status.success(), "{label}: {:?}", stderr_lines(&result));
+        assert_matches_fixture(&out, &weights, &["y", "attn_weights"]);
+    }
+}
