@@ -176,9 +176,9 @@ fn loss_and_gradients<B: AutodiffBackend>(
 
 /// `max |a − b| / max |b|` (0 where both are all zeros).
 fn relative(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let scale = b.iter().fold(f32::MIN_POSITIVE, |m, v| m.max(v.abs()));
     let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    if diff == 0.0 { 0.0 } else { diff / scale }
+    diff / scale
 }
 
 fn packed_rows_train_as_one_document_per_row<I: Backend>(
