@@ -60,7 +60,7 @@ impl<B: Backend> LmInput<B> {
     }
 
     /// These tokens packed from `documents`, with each token's position replaced by its position
-    /// within its document (set [`positions`](Self::positions) after this call to give others).
+    /// within its document (set the `positions` field after this call to give others).
     ///
     /// # Shapes
     /// - `documents`: `[batch, seq]` of `tokens`
