@@ -61,12 +61,14 @@ impl<B: Backend> DecoderBlock<B> {
         }
     }
 
-    /// The block over `x`, whose tokens have `input`'s positions and padding; with `cache`,
-    /// they follow the tokens cached, and their keys and values are appended.
+    /// The block over `x`, whose tokens have `input`'s positions, padding and documents (each
+    /// token attends within its own); with `cache`, they follow the tokens cached, and their
+    /// keys and values are appended.
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, width]`
-    /// - `input.positions`: `[batch, seq]`; `input.key_padding`: `[batch, cached + seq]`
+    /// - `input.positions`, `input.documents`: `[batch, seq]`; `input.key_padding`:
+    ///   `[batch, cached + seq]`
     /// - output: `[batch, seq, width]`
     pub fn forward(
         &self,
@@ -102,6 +104,9 @@ impl<B: Backend> DecoderBlock<B> {
         let mut attention_input = AttentionInput::new(x).positions(input.positions.clone());
         if let Some(padding) = &input.key_padding {
             attention_input = attention_input.key_padding(padding.clone());
+        }
+        if let Some(documents) = &input.documents {
+            attention_input = attention_input.documents(documents.clone());
         }
         match cache {
             Some(cache) => self.attention.forward_cached(attention_input, cache),

@@ -9,7 +9,7 @@ use cpu_linalg::projection::{self, PackedWeightsCache};
 use thiserror::Error;
 
 use crate::block::{DecoderBlock, per_token};
-use crate::input::{LmInput, Logits};
+use crate::input::{LmInput, Logits, check_documents};
 use crate::norm::Norm;
 
 /// Why a forward pass of a [`Decoder`] could not run.
@@ -153,10 +153,21 @@ impl<B: Backend> Decoder<B> {
     /// caller checks them (an embedding lookup out of range reads another row or fails on the
     /// device).
     ///
+    /// Rows packed from `input.documents` run as if each document were a sequence of its own:
+    /// every block's attention keeps a token within its document, and the positions (learned and
+    /// rotary alike) are `input.positions`, which [`LmInput::packed`] counts from each document's
+    /// start.
+    ///
     /// # Shapes
-    /// - `input.tokens`, `input.positions`: `[batch, seq]`; `input.key_padding`:
-    ///   `[batch, cached + seq]`
+    /// - `input.tokens`, `input.positions`, `input.documents`: `[batch, seq]`;
+    ///   `input.key_padding`: `[batch, cached + seq]`
     /// - output: `[batch, seq, vocab]`, or `[batch, 1, vocab]` with `Logits::Last`
+    ///
+    /// # Errors
+    /// [`DecoderError::Caches`] for caches that are not one per block;
+    /// [`AttentionError::DocumentsShape`] for documents that do not cover the tokens and
+    /// [`AttentionError::DocumentsWithCache`] for documents with caches (both before any work);
+    /// what the attention layers refuse.
     pub fn try_forward(
         &self,
         input: &LmInput<B>,
@@ -170,6 +181,13 @@ impl<B: Backend> Decoder<B> {
                 found: caches.len(),
                 layers: self.blocks.len(),
             });
+        }
+        if let Some(documents) = &input.documents {
+            // The layers would refuse these too, but only after the embeddings were computed.
+            check_documents(input.tokens.dims(), documents)?;
+            if caches.is_some() {
+                return Err(AttentionError::DocumentsWithCache.into());
+            }
         }
         // [batch, seq, width]
         let mut x = self.token_embedding.forward(input.tokens.clone());

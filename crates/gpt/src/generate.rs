@@ -456,6 +456,7 @@ impl Sequence {
             tokens: int(ids),
             positions: int(positions),
             key_padding,
+            documents: None,
         }
     }
 

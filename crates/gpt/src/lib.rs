@@ -21,9 +21,13 @@
 //!
 //! - `norm.rs`: [`Norm`], a LayerNorm or an [`RmsNorm`](attention_core::RmsNorm).
 //! - `mlp.rs`: [`Mlp`] and its [`Activation`]s.
-//! - `input.rs`: [`LmInput`], a forward pass's tokens, positions and padding; [`Logits`].
+//! - `input.rs`: [`LmInput`], a forward pass's tokens, positions, padding and packed documents;
+//!   [`Logits`].
 //! - `block.rs`: [`DecoderBlock`], and the per-token rows its MLP runs on.
 //! - `decoder.rs`: [`Decoder`], with and without KV caches.
+//! - `loss.rs`: [`Labels`], the next-token labels within a batch's rows and documents, and the
+//!   cross-entropy over them.
+//! - `packing.rs`: [`TokenRows`], documents laid into training rows, packed or one per row.
 //! - `config.rs`: [`GptConfig`], the book's GPT as a configuration of the decoder.
 //! - `sampling.rs`: [`Sampling`] and the [`Sampler`] that follows it.
 //! - `generate.rs`: the generation loop: a batch of left-padded [`Prompts`] continued through
@@ -38,9 +42,11 @@ mod config;
 mod decoder;
 mod generate;
 mod input;
+mod loss;
 mod mlp;
 mod named;
 mod norm;
+mod packing;
 mod sampling;
 
 pub use block::DecoderBlock;
@@ -48,7 +54,9 @@ pub use config::{GptConfig, GptConfigError, GptModel};
 pub use decoder::{Decoder, DecoderError};
 pub use generate::{GenerateConfig, GenerateError, Generation, Prompts, PromptsError};
 pub use input::{LmInput, Logits};
+pub use loss::Labels;
 pub use mlp::{Activation, GatedMlp, Mlp, PlainMlp};
 pub use named::{load_parameters, named_parameters, parameter_shapes};
 pub use norm::Norm;
+pub use packing::{PackingError, RowLayout, TokenRows};
 pub use sampling::{Sampler, Sampling, SamplingError};

@@ -1,6 +1,8 @@
 //! The training text: simple English sentences from a small grammar, generated from a seed, so
 //! every fresh clone has the same corpus without downloading anything.
 
+use std::ops::RangeInclusive;
+
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -73,4 +75,21 @@ pub fn unigram_loss(train: &[u8], eval: &[u8]) -> f64 {
         .map(|&b| -(counts[b as usize] / total).ln())
         .sum::<f64>()
         / eval.len() as f64
+}
+
+/// `text` cut into documents, in order, as token ids (one per byte): each of a length drawn
+/// uniformly from `lengths` (from `seed`), the last one what is left. Documents of varied
+/// lengths are what packing is for: rows of one length hold several short ones, and a long one
+/// crosses rows.
+pub fn documents(text: &[u8], lengths: RangeInclusive<usize>, seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut documents = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let length = rng.random_range(lengths.clone()).min(rest.len());
+        let (document, after) = rest.split_at(length);
+        documents.push(document.iter().map(|&b| u32::from(b)).collect());
+        rest = after;
+    }
+    documents
 }

@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p tiny-gpt -- train                       # flex, default settings
 //! cargo run --release -p tiny-gpt -- train --peers 2              # two data-parallel replicas
+//! cargo run --release -p tiny-gpt -- train --pack                 # packed documents
 //! cargo run --release -p tiny-gpt -- generate --checkpoint tiny-gpt-checkpoint --prompt "the cat "
 //! ```
 
@@ -19,11 +20,11 @@ use attention_backends::{Autodiff, BackendName, NoAdapter, OnBackend, dispatch};
 use burn::prelude::*;
 use clap::{Parser, Subcommand};
 use gpt::checkpoint::{self, CheckpointError};
-use gpt::{GenerateError, GptConfig, Sampling};
+use gpt::{GenerateError, GptConfig, RowLayout, Sampling};
 use thiserror::Error;
 
 use parallel::{ParallelError, Topology};
-use train::{OptimizerName, TrainError, TrainSettings, VOCAB};
+use train::{DocumentSettings, OptimizerName, TrainError, TrainSettings, VOCAB};
 
 /// What the user is told, as one `error:` line.
 #[derive(Debug, Error)]
@@ -78,6 +79,8 @@ enum Command {
         #[arg(long, default_value = "tiny-gpt-checkpoint")]
         out: PathBuf,
         #[command(flatten)]
+        documents: DocumentFlags,
+        #[command(flatten)]
         replicas: ReplicaFlags,
     },
     /// Serves the collective's orchestrator for `train --nodes … --external-orchestrator`.
@@ -103,6 +106,45 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+}
+
+/// Training on documents instead of random windows of the corpus.
+#[derive(Debug, clap::Args)]
+struct DocumentFlags {
+    /// Cuts the corpus into documents (--min-document to --max-document bytes) and packs them in
+    /// order into rows of --context tokens, a row filled before the next (a document that does
+    /// not fit continues in the next row); each token attends within its own document, positions
+    /// restart in each, and a document's last token has no label. Validation scores each
+    /// document on its own.
+    #[arg(long, conflicts_with = "one_document_per_row")]
+    pack: bool,
+    /// The documents of --pack, one per row, right-padded (a longer one over several rows),
+    /// padding labels ignored: training without packing, to compare --pack with.
+    #[arg(long)]
+    one_document_per_row: bool,
+    /// The shortest document, in bytes (with --pack or --one-document-per-row).
+    #[arg(long, default_value_t = 4)]
+    min_document: usize,
+    /// The longest document, in bytes (with --pack or --one-document-per-row).
+    #[arg(long, default_value_t = 128)]
+    max_document: usize,
+}
+
+impl DocumentFlags {
+    fn settings(&self) -> Option<DocumentSettings> {
+        let layout = if self.pack {
+            RowLayout::Packed
+        } else if self.one_document_per_row {
+            RowLayout::OnePerRow
+        } else {
+            return None;
+        };
+        Some(DocumentSettings {
+            layout,
+            min_length: self.min_document,
+            max_length: self.max_document,
+        })
+    }
 }
 
 /// Where the data-parallel replicas run.
@@ -163,6 +205,7 @@ fn main() -> ExitCode {
             seed,
             optimizer,
             out,
+            documents,
             replicas,
         } => {
             let settings = TrainSettings {
@@ -173,6 +216,7 @@ fn main() -> ExitCode {
                 optimizer,
                 out,
                 config: GptConfig::new(VOCAB, context, d_model, heads, layers),
+                documents: documents.settings(),
             };
             let topology = replicas.topology();
             let trained = dispatch(backend, Train(&settings, &topology)).map_err(CliError::from);

@@ -1,6 +1,6 @@
-//! Training: AdamW (or SGD) on random windows of the corpus, by one replica or by several whose
-//! gradients the collective averages, validation on held-out text, a checkpoint and the loss
-//! curve at the end.
+//! Training: AdamW (or SGD) on random windows of the corpus — or on rows of documents cut from
+//! it, packed or one per row — by one replica or by several whose gradients the collective
+//! averages, validation on held-out text, a checkpoint and the loss curve at the end.
 
 use std::path::PathBuf;
 use std::sync::{Arc, mpsc};
@@ -13,7 +13,9 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::loss::cross_entropy_with_logits;
 use gpt::checkpoint::{self, CheckpointError};
-use gpt::{GptConfig, GptConfigError, GptModel};
+use gpt::{
+    DecoderError, GptConfig, GptConfigError, GptModel, Labels, Logits, RowLayout, TokenRows,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -32,6 +34,19 @@ pub struct TrainSettings {
     pub optimizer: OptimizerName,
     pub out: PathBuf,
     pub config: GptConfig,
+    /// Documents instead of random windows (`--pack`, `--one-document-per-row`).
+    pub documents: Option<DocumentSettings>,
+}
+
+/// How the corpus is cut into documents and the documents laid into rows of `--context` tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct DocumentSettings {
+    /// Packed (`--pack`) or one per row, right-padded (`--one-document-per-row`).
+    pub layout: RowLayout,
+    /// The shortest document cut, in bytes (`--min-document`).
+    pub min_length: usize,
+    /// The longest document cut, in bytes (`--max-document`).
+    pub max_length: usize,
 }
 
 pub const VOCAB: usize = 256;
@@ -81,6 +96,9 @@ pub enum TrainError {
     /// Writing the checkpoint failed, or its directory may not be written.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// The model refused a batch.
+    #[error(transparent)]
+    Model(#[from] DecoderError),
     /// The replicas could not train together.
     #[error(transparent)]
     Parallel(#[from] ParallelError),
@@ -113,6 +131,18 @@ impl TrainSettings {
                 config.num_heads.to_string(),
                 &format!("must divide --d-model {}", config.d_model),
             ));
+        }
+        if let Some(documents) = &self.documents {
+            if documents.min_length == 0 {
+                return Err(setting("--min-document", "0".into(), "must be at least 1"));
+            }
+            if documents.max_length < documents.min_length {
+                return Err(setting(
+                    "--max-document",
+                    documents.max_length.to_string(),
+                    &format!("must be at least --min-document {}", documents.min_length),
+                ));
+            }
         }
         if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
             return Err(setting(
@@ -179,6 +209,61 @@ fn loss<B: Backend>(
     cross_entropy_with_logits(logits, targets.one_hot(VOCAB).float())
 }
 
+/// The next-token cross-entropy of `model` (nats) summed over the labels within the documents of
+/// `rows` (a document's last token, and padding, have none): each document as if alone.
+fn document_loss_sum<B: Backend>(
+    model: &GptModel<B>,
+    tokens: &TokenRows,
+    rows: &[usize],
+    device: &B::Device,
+) -> Result<Tensor<B, 1>, DecoderError> {
+    let input = tokens.input(rows, device)?;
+    let labels = Labels::within_rows(&input)?;
+    let logits = model.try_forward(&input, None, Logits::All)?;
+    Ok(labels.cross_entropy_sum(logits))
+}
+
+/// The rows of documents training and validation draw from, with `--pack` or
+/// `--one-document-per-row`.
+struct DocumentRows {
+    /// The training text's documents, laid out as the flag says.
+    train: TokenRows,
+    /// The validation text's documents, packed: each is scored within itself, which is its
+    /// score alone in a row (`crates/gpt/tests/model/documents.rs`), in both layouts.
+    valid: TokenRows,
+    /// The validation rows scored (the first ones, as many as the windows validation scores).
+    scored: Vec<usize>,
+}
+
+impl DocumentRows {
+    /// The training and validation texts cut into documents as `settings` say (the validation
+    /// text from another seed), laid into rows of `context` tokens.
+    fn new(
+        settings: &DocumentSettings,
+        train_text: &[u8],
+        valid_text: &[u8],
+        context: usize,
+        seed: u64,
+        batch: usize,
+    ) -> Self {
+        let lengths = settings.min_length..=settings.max_length;
+        let rows = |text: &[u8], seed: u64, layout: RowLayout| {
+            let documents = corpus::documents(text, lengths.clone(), seed);
+            // Settings checked and texts not empty: documents of at least one byte, rows of at
+            // least one.
+            TokenRows::new(&documents, context, layout, 0).expect("checked settings")
+        };
+        let train = rows(train_text, seed, settings.layout);
+        let valid = rows(valid_text, seed.wrapping_add(1), RowLayout::Packed);
+        let scored = (0..valid.len().min(VALIDATION_BATCHES * batch)).collect();
+        Self {
+            train,
+            valid,
+            scored,
+        }
+    }
+}
+
 /// How long the node that keeps the model stays up after the last all-reduce of a run across
 /// processes, for the others to fetch its share of it.
 const FINAL_GRACE: Duration = Duration::from_secs(1);
@@ -200,6 +285,8 @@ struct Job {
     train_text: Vec<u8>,
     valid_text: Vec<u8>,
     valid_starts: Vec<usize>,
+    /// `None`: random windows of the text.
+    documents: Option<DocumentRows>,
     unigram: f64,
     heartbeat: Heartbeat,
 }
@@ -236,6 +323,18 @@ pub fn train<B: AutodiffBackend>(
     let valid_starts: Vec<usize> = (0..VALIDATION_BATCHES * settings.batch)
         .map(|i| i * (valid_text.len() - context - 1) / (VALIDATION_BATCHES * settings.batch))
         .collect();
+    // Every replica of every node cuts and lays out the same documents from the seed, so a
+    // batch's row indices are all a replica needs to build its share, documents included.
+    let documents = settings.documents.as_ref().map(|documents| {
+        DocumentRows::new(
+            documents,
+            train_text,
+            valid_text,
+            context,
+            settings.seed,
+            settings.batch,
+        )
+    });
     let job = Arc::new(Job {
         settings: settings.clone(),
         topology: topology.clone(),
@@ -243,6 +342,7 @@ pub fn train<B: AutodiffBackend>(
         train_text: train_text.to_vec(),
         valid_text: valid_text.to_vec(),
         valid_starts,
+        documents,
         heartbeat: Heartbeat::new(),
     });
 
@@ -263,6 +363,9 @@ pub fn train<B: AutodiffBackend>(
             job.unigram,
             replicas_note(topology),
         );
+        if let (Some(documents), Some(rows)) = (&settings.documents, &job.documents) {
+            println!("{}", documents_note(documents, rows));
+        }
     } else {
         let replicas = match topology.peers {
             1 => "1 replica".to_string(),
@@ -306,6 +409,25 @@ pub fn train<B: AutodiffBackend>(
         checkpoint::CONFIG_FILE
     );
     Ok(Some((valid_loss, unigram)))
+}
+
+/// What the documents are and how they are laid out, for the first lines of a run.
+fn documents_note(settings: &DocumentSettings, rows: &DocumentRows) -> String {
+    let layout = match settings.layout {
+        RowLayout::Packed => "packed in order",
+        RowLayout::OnePerRow => "one per row, right-padded",
+    };
+    let all: Vec<usize> = (0..rows.train.len()).collect();
+    format!(
+        "documents of {}–{} bytes, {layout}: {} training rows of {} ({} real tokens); \
+         validation scores each document on its own ({} labels)",
+        settings.min_length,
+        settings.max_length,
+        rows.train.len(),
+        rows.train.seq(),
+        rows.train.real_tokens(&all),
+        rows.valid.labels(&rows.scored),
+    )
 }
 
 fn replicas_note(topology: &Topology) -> String {
@@ -424,17 +546,29 @@ fn replica_with<B: AutodiffBackend, O: Optimizer<GptModel<B>, B>>(
     let replicas = job.topology.replicas();
     let share = settings.batch / replicas;
     let keeps_model = index == 0;
-    let validate = |model: &GptModel<B>| {
+    let validate = |model: &GptModel<B>| -> Result<f64, TrainError> {
         let model = model.valid();
-        job.valid_starts
-            .chunks(settings.batch)
-            .map(|starts| {
-                loss(&model, &job.valid_text, starts, context, device)
-                    .into_scalar()
-                    .elem::<f64>()
-            })
-            .sum::<f64>()
-            / VALIDATION_BATCHES as f64
+        let Some(documents) = &job.documents else {
+            return Ok(job
+                .valid_starts
+                .chunks(settings.batch)
+                .map(|starts| {
+                    loss(&model, &job.valid_text, starts, context, device)
+                        .into_scalar()
+                        .elem::<f64>()
+                })
+                .sum::<f64>()
+                / VALIDATION_BATCHES as f64);
+        };
+        // Summed per batch, then averaged over every label scored: each label weighs the same
+        // whatever the documents of its batch.
+        let mut sum = 0.0;
+        for rows in documents.scored.chunks(settings.batch) {
+            sum += document_loss_sum(&model, &documents.valid, rows, device)?
+                .into_scalar()
+                .elem::<f64>();
+        }
+        Ok(sum / documents.valid.labels(&documents.scored).max(1) as f64)
     };
     // Every replica draws the same global batches and takes its share of each.
     let mut rng = StdRng::seed_from_u64(settings.seed);
@@ -450,13 +584,33 @@ fn replica_with<B: AutodiffBackend, O: Optimizer<GptModel<B>, B>>(
     };
     let (mut train_curve, mut valid_curve) = (Vec::new(), Vec::new());
     let every = (settings.steps / 20).max(1);
+    // Tokens of every replica's share, padding left out.
+    let mut tokens = 0;
     let started = Instant::now();
     for step in 1..=settings.steps {
-        let starts: Vec<usize> = (0..settings.batch)
-            .map(|_| rng.random_range(0..job.train_text.len() - context - 1))
-            .collect();
-        let mine = &starts[index * share..(index + 1) * share];
-        let loss = loss(&model, &job.train_text, mine, context, device);
+        let loss = match &job.documents {
+            None => {
+                let starts: Vec<usize> = (0..settings.batch)
+                    .map(|_| rng.random_range(0..job.train_text.len() - context - 1))
+                    .collect();
+                let mine = &starts[index * share..(index + 1) * share];
+                tokens += settings.batch * context;
+                loss(&model, &job.train_text, mine, context, device)
+            }
+            Some(documents) => {
+                let rows: Vec<usize> = (0..settings.batch)
+                    .map(|_| rng.random_range(0..documents.train.len()))
+                    .collect();
+                let mine = &rows[index * share..(index + 1) * share];
+                tokens += documents.train.real_tokens(&rows);
+                // Each replica divides its sum by the whole batch's label count (times the
+                // replicas, whose mean the collective takes): the step's loss is the batch's
+                // mean over its labels however its rows are dealt, as one replica's would be.
+                let labels = documents.train.labels(&rows).max(1);
+                document_loss_sum(&model, &documents.train, mine, device)?
+                    .mul_scalar(replicas as f64 / labels as f64)
+            }
+        };
         let mut value = loss.clone().into_scalar().elem::<f64>();
         let mut grads = GradientsParams::from_grads(loss.backward(), &model);
         if let Some(peer) = peer {
@@ -473,11 +627,14 @@ fn replica_with<B: AutodiffBackend, O: Optimizer<GptModel<B>, B>>(
         if keeps_model {
             train_curve.push((step, value));
             if step % every == 0 || step == settings.steps {
-                valid_curve.push((step, validate(&model)));
+                valid_curve.push((step, validate(&model)?));
             }
         }
-        let rate = step as f64 / started.elapsed().as_secs_f64();
-        progress.set_message(format!("{rate:.1} steps/s, loss {value:.3}"));
+        let seconds = started.elapsed().as_secs_f64();
+        let (rate, token_rate) = (step as f64 / seconds, tokens as f64 / seconds);
+        progress.set_message(format!(
+            "{rate:.1} steps/s, {token_rate:.0} tokens/s, loss {value:.3}"
+        ));
         progress.inc(1);
     }
     progress.finish();
@@ -489,11 +646,13 @@ fn replica_with<B: AutodiffBackend, O: Optimizer<GptModel<B>, B>>(
     }
     let seconds = started.elapsed().as_secs_f64();
     println!(
-        "{} steps in {seconds:.1} s: {:.2} steps/s",
+        "{} steps in {seconds:.1} s: {:.2} steps/s, {:.0} tokens/s ({tokens} tokens, padding left out), last loss {:.4}",
         settings.steps,
-        settings.steps as f64 / seconds
+        settings.steps as f64 / seconds,
+        tokens as f64 / seconds,
+        train_curve.last().map_or(f64::NAN, |&(_, loss)| loss),
     );
-    let valid_loss = validate(&model);
+    let valid_loss = validate(&model)?;
     if !valid_loss.is_finite() {
         return Err(TrainError::Diverged {
             step: settings.steps,

@@ -147,6 +147,52 @@ fn settings_that_cannot_train_are_refused_up_front() {
 }
 
 #[test]
+fn documents_packed_or_one_per_row_train_and_report_tokens_per_second() {
+    let dir = scratch("documents");
+    for (flag, layout) in [
+        ("--pack", "packed in order"),
+        ("--one-document-per-row", "one per row, right-padded"),
+    ] {
+        let out = dir.join(flag.trim_start_matches('-'));
+        let mut args = small_with("--seed", "5", s(&out));
+        args.push(flag);
+        let trained = run(&args);
+        assert!(
+            trained.status.success(),
+            "{flag}: {:?}",
+            stderr_lines(&trained)
+        );
+        let stdout = String::from_utf8_lossy(&trained.stdout);
+        for needle in [
+            layout,
+            "scores each document on its own",
+            "tokens/s",
+            "final: val_loss=",
+        ] {
+            assert!(stdout.contains(needle), "{flag}: {needle:?} in {stdout}");
+        }
+    }
+    let out = dir.join("refused");
+    for (flag, value, needle) in [
+        (
+            "--min-document",
+            "0",
+            "--min-document 0: must be at least 1",
+        ),
+        (
+            "--max-document",
+            "2",
+            "--max-document 2: must be at least --min-document 4",
+        ),
+    ] {
+        let mut args = small_with(flag, value, s(&out));
+        args.push("--pack");
+        refused(&args, needle);
+        assert!(!out.exists(), "{flag} {value}: nothing written");
+    }
+}
+
+#[test]
 fn training_then_generating_and_what_divergence_leaves_behind() {
     let dir = scratch("train");
     let out = dir.join("ckpt");

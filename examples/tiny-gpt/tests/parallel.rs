@@ -1,6 +1,7 @@
 //! `tiny-gpt train` with data-parallel replicas on Burn's collective: replicas in threads and in
-//! processes reach the parameters one replica reaches on the whole batch; a node that dies or
-//! stalls ends the others with an error naming it; settings that cannot run are refused up front.
+//! processes reach the parameters one replica reaches on the whole batch (on packed documents
+//! too); a node that dies or stalls ends the others with an error naming it; settings that cannot
+//! run are refused up front.
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -150,6 +151,27 @@ fn replicas_reach_the_parameters_of_one_replica_on_the_whole_batch() {
     eprintln!(
         "relative difference to one replica: 2 threads {threads:.1e} (half a batch alone: {alone:.1e})"
     );
+}
+
+/// With `--pack` each replica builds its rows' documents from the row indices it is dealt, and
+/// divides its loss by the whole batch's label count: the replicas' mean is one replica's loss.
+#[test]
+fn packed_replicas_reach_the_parameters_of_one_replica_on_the_whole_batch() {
+    let dir = scratch("packed");
+    let one = dir.join("one");
+    let two = dir.join("two");
+    succeeded(
+        &train(&one, &sgd(&["--batch", "4", "--pack"]))
+            .output()
+            .unwrap(),
+    );
+    succeeded(
+        &train(&two, &sgd(&["--batch", "4", "--pack", "--peers", "2"]))
+            .output()
+            .unwrap(),
+    );
+    let threads = relative_difference(&two, &one);
+    assert!(threads <= 1e-5, "2 replicas in threads, packed: {threads}");
 }
 
 #[test]

@@ -3,6 +3,9 @@
 //!
 //! - `whole`: shapes, causality, cached == uncached generation, record round trip, training.
 //! - `checkpoint`: round trips, config/weight disagreements, mutated files.
+//! - `documents`: packed documents train as one document per row (loss and gradients), and
+//!   documents that do not fit are refused.
 
 mod checkpoint;
+mod documents;
 mod whole;
