@@ -451,10 +451,7 @@ pub fn prepare<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case, Uns
             let layer = our_layer::<B>(shape, &device);
             let mut cache: KvCache<B> = layer.new_cache();
             layer
-                .forward_cached(
-                    input::<B>(shape, shape.seq - 1, &device),
-                    &mut cache,
-                )
+                .forward_cached(input::<B>(shape, shape.seq - 1, &device), &mut cache)
                 .expect("prefill fits");
             let token = input::<B>(shape, 1, &device);
             let path = implementation.path();

@@ -495,7 +495,10 @@ pub fn apply_packed_documents_match_pytorch(bin: &str) {
             keys.push("attn_weights".into());
         }
         keys.extend(grad_keys(Path::new(file)));
-        assert!(keys.contains(&"grad.query_layer.bias".to_string()), "{keys:?}");
+        assert!(
+            keys.contains(&"grad.query_layer.bias".to_string()),
+            "{keys:?}"
+        );
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         assert_matches_fixture(&out, Path::new(file), &keys);
     }

@@ -80,13 +80,8 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
             }
             let x = Tensor::<Autodiff<B>, 3>::from_inner(x).require_grad();
             let positions = positions.map(Tensor::from_inner);
-            let (y, attn_weights) = outputs(
-                &layer,
-                x.clone(),
-                positions,
-                documents.as_ref(),
-                args.path,
-            )?;
+            let (y, attn_weights) =
+                outputs(&layer, x.clone(), positions, documents.as_ref(), args.path)?;
             let grads = (y.clone() * r).sum().backward();
             tensors.push(("y".to_string(), y.inner().into_data()));
             tensors
@@ -211,7 +206,10 @@ fn read_documents(input: &StateDict, shape: [usize; 2]) -> Result<Option<Documen
     // Every integer type a file holds (int8 to int64, uint8) widens to i64 exactly.
     let ids: Vec<i64> = data.iter::<i64>().collect();
     let documents = Documents::from_segment_id_rows(&ids, shape).map_err(|error| {
-        DemoError(format!("{}: `segment_ids`: {error}", input.path().display()))
+        DemoError(format!(
+            "{}: `segment_ids`: {error}",
+            input.path().display()
+        ))
     })?;
     Ok(Some(documents))
 }

@@ -320,9 +320,9 @@ mod tests {
         assert_eq!(real(&rows), documents.concat());
         let pieces: Vec<usize> = (0..rows.len()).map(|row| rows.lengths(row)[0]).collect();
         assert_eq!(pieces, [3, 1, 4, 1, 4, 4, 4, 3, 2]);
-        for row in 0..rows.len() {
+        for (row, piece) in pieces.iter().enumerate() {
             assert_eq!(rows.lengths(row).len(), 1);
-            assert_eq!(rows.padding(row), 4 - pieces[row]);
+            assert_eq!(rows.padding(row), 4 - piece);
         }
         assert_eq!(rows.row(1), [3, 0, 0, 0]);
     }

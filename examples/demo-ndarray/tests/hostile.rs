@@ -791,14 +791,24 @@ fn segment_ids_of_any_integer_type_and_size_give_the_same_documents() {
     let uint8: Vec<u8> = ids(250, 1).iter().map(|&id| id as u8).collect();
     let cases = [
         ("huge", int64_ids(vec![2, 9], &huge)),
-        ("int32", RawTensor::new(Dtype::I32, vec![2, 9], int32).unwrap()),
-        ("uint8", RawTensor::new(Dtype::U8, vec![2, 9], uint8).unwrap()),
+        (
+            "int32",
+            RawTensor::new(Dtype::I32, vec![2, 9], int32).unwrap(),
+        ),
+        (
+            "uint8",
+            RawTensor::new(Dtype::U8, vec![2, 9], uint8).unwrap(),
+        ),
     ];
     for (label, ids) in cases {
         let input = with_segment_ids(&dir, label, ids);
         let out = dir.join(format!("{label}.out.safetensors"));
         let result = run(BIN, &apply(&weights, &input, &out, &[]));
-        assert!(result.status.success(), "{label}: {:?}", stderr_lines(&result));
+        assert!(
+            result.status.success(),
+            "{label}: {:?}",
+            stderr_lines(&result)
+        );
         assert_matches_fixture(&out, &weights, &["y", "attn_weights"]);
     }
 }

@@ -158,11 +158,14 @@ fn gradients<B: AutodiffBackend>(
     collect.found
 }
 
+/// Every parameter's gradient by name (`None` for a parameter outside the loss).
+type NamedGradients = Vec<(String, Option<Vec<f32>>)>;
+
 /// The loss (mean over the labels within documents), its label count and every gradient.
 fn loss_and_gradients<B: AutodiffBackend>(
     model: &Decoder<B>,
     input: &LmInput<B>,
-) -> (f32, i64, Vec<(String, Option<Vec<f32>>)>) {
+) -> (f32, i64, NamedGradients) {
     let count = Labels::within_rows(input)
         .unwrap()
         .count()

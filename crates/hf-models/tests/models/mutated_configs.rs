@@ -79,6 +79,7 @@ fn load_and_run(
         tokens: Tensor::from_data(TensorData::new(tokens.to_vec(), [1, 4]), &device),
         positions: Tensor::from_data(TensorData::new(vec![0i64, 1, 2, 3], [1, 4]), &device),
         key_padding: None,
+        documents: None,
     };
     if let Ok(logits) = model.forward(&input) {
         let values = logits
