@@ -457,7 +457,7 @@ pub fn apply_hugging_face_layers_match_transformers(bin: &str) {
 
 /// The chapter's layer on rows packed from documents (`fixtures/make_packed.py`): the input
 /// file's `segment_ids` give each row's documents.
-pub const PACKED: &str = "book_packed_s0_b2_t9_i8_o8_h2_bias.safetensors";
+pub const PACKED: &str = "packed_book_s0_b2_t9_i8_o8_h2_bias.safetensors";
 
 /// `apply` on rows packed from documents (the input file's `segment_ids`) gives PyTorch's
 /// output, attention weights and every gradient under the causal, same-document mask, on the
