@@ -26,10 +26,16 @@ const SEQ: usize = 8;
 /// label at all.
 const PACKED: [&[usize]; 2] = [&[3, 1, 4], &[8]];
 
-/// Relative tolerance of the loss and of every gradient (to its largest magnitude). The issue asks
-/// 1e-5; the token embedding's gradient (a sum over every position of each id) measured 2.0e-5 and
-/// 2.7e-5 on ndarray and every other tensor within 1e-5: not yet explained, so the bound is 5e-5.
-const TOLERANCE: f32 = 5e-5;
+/// The tolerance of the loss and of every gradient, relative to the larger of its largest magnitude
+/// and [`SCALE_FLOOR`]. The two layouts compute the same sums: on `NdArray<f64>` (in a process of
+/// its own: Burn 0.21 keeps one default float type per device, set by the first backend to use it)
+/// they agree to the last bit. In `f32`, rounding in another order (products of other shapes,
+/// softmaxes over other widths) moves the token embedding's gradient, whose entries are sums that
+/// largely cancel, by up to 3e-5 of its largest; every other tensor stays within 1e-5.
+const TOLERANCE: f64 = 5e-5;
+/// Below this, a gradient's largest magnitude is rounding of a zero (a key bias's, without
+/// rotary positions: a shift of a whole row of scores leaves its softmax as it is).
+const SCALE_FLOOR: f64 = 1e-3;
 
 /// The documents' token ids, in order.
 fn documents() -> Vec<Vec<u32>> {
@@ -125,14 +131,11 @@ fn rotary_positions<B: Backend>(device: &B::Device) -> Decoder<B> {
 }
 
 /// Every parameter's gradient by its path in the model (`None` where it has none).
-fn gradients<B: AutodiffBackend>(
-    model: &Decoder<B>,
-    grads: &B::Gradients,
-) -> Vec<(String, Option<Vec<f32>>)> {
+fn gradients<B: AutodiffBackend>(model: &Decoder<B>, grads: &B::Gradients) -> NamedGradients {
     struct Collect<'a, B: AutodiffBackend> {
         grads: &'a B::Gradients,
         path: Vec<String>,
-        found: Vec<(String, Option<Vec<f32>>)>,
+        found: NamedGradients,
     }
     impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<'_, B> {
         fn enter_module(&mut self, name: &str, _: &str) {
@@ -144,9 +147,9 @@ fn gradients<B: AutodiffBackend>(
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             let grad = param.val().grad(self.grads).map(|grad| {
                 grad.into_data()
-                    .convert::<f32>()
-                    .into_vec::<f32>()
-                    .expect("f32 gradients")
+                    .convert::<f64>()
+                    .into_vec::<f64>()
+                    .expect("f64 gradients")
             });
             self.found.push((self.path.join("."), grad));
         }
@@ -161,28 +164,28 @@ fn gradients<B: AutodiffBackend>(
 }
 
 /// Every parameter's gradient by name (`None` for a parameter outside the loss).
-type NamedGradients = Vec<(String, Option<Vec<f32>>)>;
+type NamedGradients = Vec<(String, Option<Vec<f64>>)>;
 
 /// The loss (mean over the labels within documents), its label count and every gradient.
 fn loss_and_gradients<B: AutodiffBackend>(
     model: &Decoder<B>,
     input: &LmInput<B>,
-) -> (f32, i64, NamedGradients) {
+) -> (f64, i64, NamedGradients) {
     let count = Labels::within_rows(input)
         .unwrap()
         .count()
         .into_scalar()
         .elem::<i64>();
     let loss = model.next_token_loss(input).unwrap();
-    let value = loss.clone().into_scalar().elem::<f32>();
+    let value = loss.clone().into_scalar().elem::<f64>();
     let grads = loss.backward();
     (value, count, gradients(model, &grads))
 }
 
-/// `max |a − b| / max |b|` (0 where both are all zeros).
-fn relative(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(f32::MIN_POSITIVE, |m, v| m.max(v.abs()));
-    let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+/// `max |a − b| / max(max |b|, SCALE_FLOOR)`.
+fn relative(a: &[f64], b: &[f64]) -> f64 {
+    let scale = b.iter().fold(SCALE_FLOOR, |m, v| m.max(v.abs()));
+    let diff = a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
     diff / scale
 }
 
