@@ -215,18 +215,17 @@ fn backward_group<E: KernelFloat>(
         key: Array2::zeros((dims.keys, dims.head_dim)),
         value: Array2::zeros((dims.keys, dims.head_dim)),
     };
-    for start in (0..dims.keys)
-        .step_by(KEY_BLOCK)
+    for cols in inputs
+        .blocks(batch, 0..dims.keys, KEY_BLOCK)
         .skip(split)
         .step_by(splits)
     {
-        let cols = start..(start + KEY_BLOCK).min(dims.keys);
         let key_block = key.slice_axis(Axis(0), Slice::from(cols.clone()));
         let value_block = value.slice_axis(Axis(0), Slice::from(cols.clone()));
-        // The queries that see a key of this block: from the first that sees key `start`
+        // The queries that see a key of this block: from the first that sees key `cols.start`
         // (causal) to the last whose window reaches back into the block, within the document
         // of its last key.
-        let first_query = start.saturating_sub(dims.offset());
+        let first_query = cols.start.saturating_sub(dims.offset());
         let end_query = inputs.queries_seeing(batch, &cols);
         for row_start in (first_query..end_query).step_by(positions) {
             let row_end = (row_start + positions).min(end_query);

@@ -221,8 +221,7 @@ fn forward_block_over<E: KernelFloat>(
         let key = inputs.key_view(inputs.key, batch, kv_head);
         let value = inputs.key_view(inputs.value, batch, kv_head);
         let first_head = kv_head * group;
-        for first in rows.clone().step_by(positions) {
-            let part = first..(first + positions).min(rows.end);
+        for part in inputs.blocks(batch, rows.clone(), positions) {
             let stacked = part.len() * group;
             let query = &mut query_buffer[..stacked * head_dim];
             dims.gather_group(inputs.query, batch, kv_head, part.clone(), query);

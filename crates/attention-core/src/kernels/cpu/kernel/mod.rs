@@ -336,6 +336,28 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
         }
     }
 
+    /// `range` of sequence `batch`'s positions cut into blocks of at most `size`, and at every
+    /// document's end: no block spans two documents, so none computes scores that are all
+    /// masked across a boundary.
+    fn blocks(
+        &self,
+        batch: usize,
+        range: std::ops::Range<usize>,
+        size: usize,
+    ) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let end = range.end;
+        std::iter::successors(Some(range.start..range.start), move |last| {
+            let start = last.end;
+            (start < end).then(|| {
+                let document_end = self.documents.map_or(end, |spans| {
+                    spans[2 * (batch * self.dims.keys + start) + 1] as usize
+                });
+                start..(start + size).min(end).min(document_end)
+            })
+        })
+        .skip(1)
+    }
+
     /// The exclusive end of the queries of sequence `batch` that see some key of `keys`: those
     /// whose window reaches back to the last key, up to the end of its document.
     fn queries_seeing(&self, batch: usize, keys: &std::ops::Range<usize>) -> usize {
