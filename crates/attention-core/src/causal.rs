@@ -78,7 +78,7 @@ pub fn causal_attention<B: Backend>(
         });
     }
     if let Some(documents) = documents {
-        documents.check([batch, keys], None)?;
+        documents.check_shape([batch, keys])?;
         if keys != queries {
             return Err(AttentionError::DocumentsShape {
                 expected: [batch, queries],

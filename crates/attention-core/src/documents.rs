@@ -219,6 +219,21 @@ impl Documents {
         spans
     }
 
+    /// Checks that these documents cover tokens of shape `[batch, seq]`.
+    ///
+    /// # Errors
+    /// [`AttentionError::DocumentsShape`] when they cover another shape.
+    pub fn check_shape(&self, expected: [usize; 2]) -> Result<(), AttentionError> {
+        if self.shape() == expected {
+            Ok(())
+        } else {
+            Err(AttentionError::DocumentsShape {
+                expected,
+                found: self.shape(),
+            })
+        }
+    }
+
     /// Checks these documents against a call's `[batch, seq]` and its key padding: a document is
     /// all padding or has none.
     pub(crate) fn check(
@@ -226,12 +241,7 @@ impl Documents {
         expected: [usize; 2],
         key_padding: Option<&[bool]>,
     ) -> Result<(), AttentionError> {
-        if self.shape() != expected {
-            return Err(AttentionError::DocumentsShape {
-                expected,
-                found: self.shape(),
-            });
-        }
+        self.check_shape(expected)?;
         let Some(padding) = key_padding else {
             return Ok(());
         };

@@ -9,7 +9,7 @@ use cpu_linalg::projection::{self, PackedWeightsCache};
 use thiserror::Error;
 
 use crate::block::{DecoderBlock, per_token};
-use crate::input::{LmInput, Logits, check_documents};
+use crate::input::{LmInput, Logits};
 use crate::norm::Norm;
 
 /// Why a forward pass of a [`Decoder`] could not run.
@@ -184,7 +184,7 @@ impl<B: Backend> Decoder<B> {
         }
         if let Some(documents) = &input.documents {
             // The layers would refuse these too, but only after the embeddings were computed.
-            check_documents(input.tokens.dims(), documents)?;
+            documents.check_shape(input.tokens.dims())?;
             if caches.is_some() {
                 return Err(AttentionError::DocumentsWithCache.into());
             }

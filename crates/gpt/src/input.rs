@@ -68,25 +68,10 @@ impl<B: Backend> LmInput<B> {
     /// # Errors
     /// [`AttentionError::DocumentsShape`] when the documents do not cover `tokens`' shape.
     pub fn with_documents(mut self, documents: Documents) -> Result<Self, AttentionError> {
-        check_documents(self.tokens.dims(), &documents)?;
+        documents.check_shape(self.tokens.dims())?;
         self.positions = documents.position_tensor(&self.tokens.device());
         self.documents = Some(documents);
         Ok(self)
-    }
-}
-
-/// [`AttentionError::DocumentsShape`] unless `documents` cover `[batch, seq]`.
-pub(crate) fn check_documents(
-    expected: [usize; 2],
-    documents: &Documents,
-) -> Result<(), AttentionError> {
-    if documents.shape() == expected {
-        Ok(())
-    } else {
-        Err(AttentionError::DocumentsShape {
-            expected,
-            found: documents.shape(),
-        })
     }
 }
 

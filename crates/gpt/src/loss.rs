@@ -7,7 +7,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Bool, TensorData};
 
 use crate::decoder::{Decoder, DecoderError};
-use crate::input::{LmInput, Logits, check_documents};
+use crate::input::{LmInput, Logits};
 
 /// Each position's next-token label in a batch of rows, and which positions have none.
 ///
@@ -46,7 +46,7 @@ impl<B: Backend> Labels<B> {
         // Documents fill their rows, so each row's last token is its last document's last.
         let ends = match &input.documents {
             Some(documents) => {
-                check_documents([batch, seq], documents)?;
+                documents.check_shape([batch, seq])?;
                 documents.last_tokens()
             }
             None => (0..batch * seq).map(|i| i % seq == seq - 1).collect(),
