@@ -4,8 +4,9 @@
 //! - `whole`: shapes, causality, cached == uncached generation, record round trip, training.
 //! - `checkpoint`: round trips, config/weight disagreements, mutated files.
 //! - `documents`: packed documents train as one document per row (loss and gradients), and
-//!   documents that do not fit are refused.
+//!   documents that do not fit are refused (`packed`: the check, shared with `packed_f64.rs`).
 
 mod checkpoint;
 mod documents;
+mod packed;
 mod whole;
