@@ -12,10 +12,11 @@ use gpt::{DecoderError, Labels, LmInput, Logits, RowLayout, TokenRows};
 
 /// The tolerance of the loss and of every gradient in `f32`, relative to the larger of its largest
 /// magnitude and `SCALE_FLOOR`. The two layouts compute the same sums: in `f64` they agree to
-/// the last bit (`packed_f64.rs`). In `f32`, rounding in another order (products of other shapes,
-/// softmaxes over other widths) moves the token embedding's gradient, whose entries are sums that
-/// largely cancel, by up to 3e-5 of its largest; every other tensor stays within 1e-5.
-const F32_TOLERANCE: f64 = 5e-5;
+/// the last bit (`packed_f64.rs`). In `f32` they round in another order (products of other
+/// shapes, softmaxes over other widths), and gradients whose entries are sums that largely
+/// cancel move by up to a few times 1e-5 of their largest. A key that sees across a document's
+/// boundary moves the loss alone by more than 5e-2.
+const F32_TOLERANCE: f64 = 2e-4;
 
 #[test]
 fn packed_rows_train_as_one_document_per_row_with_learned_positions() {

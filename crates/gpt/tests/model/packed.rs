@@ -5,12 +5,14 @@
 
 use attention_core::{Documents, MultiHeadAttentionConfig, RmsNormConfig, RopeConfig};
 use burn::backend::Autodiff;
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{DropoutConfig, EmbeddingConfig, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Bool, TensorData};
 use gpt::{Activation, Decoder, DecoderBlock, GatedMlp, GptConfig, Labels, LmInput, Mlp, Norm};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 
 pub const VOCAB: usize = 50;
 /// Tokens per packed row, and the longest document.
@@ -70,18 +72,45 @@ pub fn one_per_row<B: Backend>(device: &B::Device) -> LmInput<B> {
     input
 }
 
+/// Replaces every parameter with values from a generator of this test's own. `B::seed` seeds
+/// one generator for the whole process, and tests running beside each other draw from it in
+/// any order: models seeded that way differ from run to run, and so do their rounding errors.
+struct OwnWeights(StdRng);
+
+impl<B: Backend> ModuleMapper<B> for OwnWeights {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let shape = tensor.shape();
+        // A matrix is `[in, out]`: scaled as Burn's default initialization scales it. A vector
+        // (a bias, a norm's scale or shift) is drawn around one, so no norm scales a row to zero.
+        let (centre, half_width) = match D {
+            1 => (1.0, 0.5),
+            _ => (0.0, 1.0 / (shape.dims::<D>()[0] as f64).sqrt()),
+        };
+        let values: Vec<f32> = (0..shape.num_elements())
+            .map(|_| (centre + half_width * self.0.random_range(-1.0..1.0)) as f32)
+            .collect();
+        let value = Tensor::from_data(TensorData::new(values, shape), &tensor.device())
+            .set_require_grad(tensor.is_require_grad());
+        Param::from_mapped_value(id, value, mapper)
+    }
+}
+
+fn with_own_weights<B: Backend>(model: Decoder<B>, seed: u64) -> Decoder<B> {
+    model.map(&mut OwnWeights(StdRng::seed_from_u64(seed)))
+}
+
 /// The book's GPT: learned positions, LayerNorm, gated GELU.
 pub fn learned_positions<B: Backend>(device: &B::Device) -> Decoder<B> {
-    B::seed(device, 11);
-    GptConfig::new(VOCAB, SEQ, 16, 2, 2)
+    let model = GptConfig::new(VOCAB, SEQ, 16, 2, 2)
         .with_qkv_bias(true)
-        .init(device)
+        .init(device);
+    with_own_weights(model, 11)
 }
 
 /// A Llama-style decoder: rotary positions, grouped key/value heads, RMSNorm, SwiGLU, a tied
 /// LM head.
 pub fn rotary_positions<B: Backend>(device: &B::Device) -> Decoder<B> {
-    B::seed(device, 12);
     let (width, hidden) = (16, 32);
     let norm = || Norm::Rms(RmsNormConfig::new(width).init(device));
     let linear = |i, o| LinearConfig::new(i, o).with_bias(false).init(device);
@@ -104,7 +133,7 @@ pub fn rotary_positions<B: Backend>(device: &B::Device) -> Decoder<B> {
             }),
         )
     };
-    Decoder {
+    let model = Decoder {
         token_embedding: EmbeddingConfig::new(VOCAB, width).init(device),
         embedding_scale: None,
         position_embedding: None,
@@ -114,7 +143,8 @@ pub fn rotary_positions<B: Backend>(device: &B::Device) -> Decoder<B> {
         lm_head: None,
         logit_softcap: None,
         packed_lm_head: Default::default(),
-    }
+    };
+    with_own_weights(model, 12)
 }
 
 /// Every parameter's gradient by its path in the model (`None` where it has none).
