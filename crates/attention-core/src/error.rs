@@ -250,6 +250,108 @@ pub enum AttentionError {
          `forward_traced`); a cached call continues one sequence per row"
     )]
     DocumentsWithCache,
+    /// A page pool's page size is not a power of two of at least the smallest.
+    #[error("a page holds a power of two of at least {min} positions, got {size}")]
+    PageSize {
+        /// The size asked for.
+        size: usize,
+        /// [`PagePool::MIN_PAGE_SIZE`](crate::PagePool::MIN_PAGE_SIZE).
+        min: usize,
+    },
+    /// A page pool of no pages, or of more than `u32` ids name.
+    #[error("a page pool holds 1 to {} pages, got {pages}", u32::MAX - 1)]
+    PoolSize {
+        /// The count asked for.
+        pages: usize,
+    },
+    /// The pool has fewer free pages than a step needs; nothing was reserved.
+    #[error("out of pages: the step needs {needed} free pages, the pool has {free}")]
+    OutOfPages {
+        /// Pages the step takes, net of those it gives back.
+        needed: usize,
+        /// Free pages.
+        free: usize,
+    },
+    /// A page table names a page past the pool (a table of another pool).
+    #[error("page {page} is past the pool's {pages} pages (a table of another pool?)")]
+    PageOutOfRange {
+        /// The page id.
+        page: u32,
+        /// Pages in the pool.
+        pages: usize,
+    },
+    /// A page table names a page the pool holds free (a table of another pool, or one whose
+    /// pages were released).
+    #[error("page {page} is free in this pool: the table is not one of its own")]
+    PageNotHeld {
+        /// The page id.
+        page: u32,
+    },
+    /// A page appears twice in one table, or in more of a step's tables than hold it.
+    #[error("page {page} appears in more places than hold it")]
+    DuplicatePage {
+        /// The page id.
+        page: u32,
+    },
+    /// A page table has fewer pages than its positions fill.
+    #[error("a table of {pages} pages cannot hold its {positions} positions")]
+    TableTooShort {
+        /// Entries in the table.
+        pages: usize,
+        /// Positions it says it holds.
+        positions: usize,
+    },
+    /// A shared prefix longer than the table it is taken from.
+    #[error("cannot share {positions} positions of a table of {len}")]
+    SharePastTable {
+        /// The prefix asked for.
+        positions: usize,
+        /// Positions in the table.
+        len: usize,
+    },
+    /// A shared prefix whose first pages a sliding window has already let go.
+    #[error("the first {positions} positions are no longer all held: the window let pages go")]
+    ShareReleased {
+        /// The prefix asked for.
+        positions: usize,
+    },
+    /// The tables of one step serve layers of different sliding windows: a step is one
+    /// attention kind's.
+    #[error("sequence {sequence}'s table has window {found:?}, the step's first {expected:?}")]
+    StepWindows {
+        /// The sequence, by its index in the step.
+        sequence: usize,
+        /// Its table's window.
+        found: Option<usize>,
+        /// The first table's.
+        expected: Option<usize>,
+    },
+    /// A ragged call's storage or step does not belong to this layer: another head layout,
+    /// another pool, or tables of another window.
+    #[error(
+        "pages of {found} do not fit this layer and step ({expected}): each layer has storage          of its own, made by its `new_pages` for the step's pool"
+    )]
+    PagesLayout {
+        /// The layer and step's `kv_heads × head_dim, pages × page_size, window`.
+        expected: String,
+        /// The storage's or the step's.
+        found: String,
+    },
+    /// A ragged call's input is not `[1, tokens, input_dim]` with the step's tokens.
+    #[error(
+        "a ragged call takes [1, {tokens}, input_dim] (the step's tokens packed), got {found:?}"
+    )]
+    RaggedShape {
+        /// The step's tokens.
+        tokens: usize,
+        /// The input's shape.
+        found: [usize; 3],
+    },
+    /// A ragged call over pages under `Autodiff`: the paged path serves inference only.
+    #[error(
+        "the paged path is for inference: run it on the inner backend (`model.valid()`), or          train with `forward` and `Documents`"
+    )]
+    PagedWithAutodiff,
     /// The backend's device failed while running the layer (a lost GPU, a driver error).
     #[error("the device failed while running the attention layer: {reason}")]
     Device {

@@ -52,6 +52,7 @@ mod heads;
 mod kernels;
 pub mod mask;
 mod mha;
+mod paged;
 mod qk_norm;
 mod rms_norm;
 mod rope;
@@ -79,6 +80,7 @@ pub use mha::{
     AttentionInput, AttentionTrace, EXPLICIT_SCORES_LIMIT, MultiHeadAttention,
     MultiHeadAttentionConfig,
 };
+pub use paged::{LayerPages, PageCopy, PagePool, PageTable, RaggedStep, SequenceStep};
 pub use qk_norm::{QkNorm, QkNormConfig, QkNormScope};
 pub use rms_norm::{RmsNorm, RmsNormConfig};
 pub use rope::{Llama3Scaling, RopeConfig, RopeLayout, RopeScaling};

@@ -39,6 +39,13 @@ impl Kernel {
         entry_points::<B>().is_some_and(|entry| entry.keeps_cache)
     }
 
+    /// Whether a ragged step on `B` reads a page pool's keys and values in place, through the
+    /// tables (the CPU kernel on a bare backend); elsewhere the layer gathers each sequence's
+    /// pages and runs Burn's op or the explicit path.
+    pub fn reads_pages<B: Backend>() -> bool {
+        Self::of::<B>() == Some(Self::Cpu) && Self::keeps_cache::<B>()
+    }
+
     /// How many attention calls (whole sequences and decoding steps) this kernel has computed on
     /// the calling thread: lets a test or a benchmark see which code ran (per thread, so that
     /// tests running side by side do not count each other's calls). Behind the `test-hooks`
@@ -182,6 +189,22 @@ pub(crate) fn warn_if_gpu_without_kernel<B: Backend>() {
             "warning: attention-core runs on {} without its GPU kernel: enable attention-core's \
              `{feature}` feature (the layer falls back to Burn's attention op, or under Autodiff to \
              the explicit path, whose memory grows with the square of the sequence)",
+            std::any::type_name::<B>()
+        );
+    }
+}
+
+/// Says once per process, on stderr, that a ragged step on `B` gathers each sequence's pages
+/// into tensors before attending: only the CPU kernel reads pages in place.
+pub(crate) fn warn_gathering_pages<B: Backend>() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // Process-wide on purpose: a warning the process prints once, not a value any call reads.
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "note: attention-core reads a page pool in place on the CPU kernel only: on {} each \
+             sequence's pages are gathered into tensors for Burn's attention op (or the explicit \
+             path) at every step",
             std::any::type_name::<B>()
         );
     }

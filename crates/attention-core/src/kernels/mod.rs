@@ -111,11 +111,13 @@ mod gpu;
 #[cfg(feature = "kernel-report")]
 pub use gpu::report as kernel_report;
 mod inputs;
+mod pages;
 mod storage;
 
 pub use backends::Kernel;
-pub(crate) use backends::warn_if_gpu_without_kernel;
+pub(crate) use backends::{warn_gathering_pages, warn_if_gpu_without_kernel};
 pub(crate) use inputs::KernelInputs;
+pub(crate) use pages::PagedStorage;
 #[cfg(feature = "test-hooks")]
 pub use storage::device_syncs;
 pub(crate) use storage::{KvStorage, NewKv};
@@ -168,6 +170,29 @@ pub(crate) fn cached_attention<B: Backend>(inputs: CachedInputs<'_, B>) -> Tenso
         .expect("the route checked that B's kernel keeps the cache");
     entry.kernel.count_call();
     (entry.cached)(inputs)
+}
+
+/// Causal attention of a ragged step's queries over a page pool in the CPU kernel's storage,
+/// read in place through the step's tables.
+///
+/// # Shapes
+/// - `query`: `[1, tokens, heads · head_dim]`; output the same
+///
+/// # Panics
+/// When the pages are not in host storage (the layer asks [`Kernel::reads_pages`] first, as
+/// [`PagedStorage::zeros`] does).
+pub(crate) fn paged_attention<B: Backend>(
+    query: Tensor<B, 3>,
+    pages: &PagedStorage<B>,
+    step: &crate::paged::RaggedStep,
+    heads: usize,
+    scores: ScoreRule<B>,
+) -> Tensor<B, 3> {
+    let PagedStorage::CpuHost(host) = pages else {
+        unreachable!("pages the CPU kernel reads are in host storage")
+    };
+    Kernel::Cpu.count_call();
+    cpu::paged(query, host, step, heads, scores)
 }
 
 /// `value` as the type it is known (by its `TypeId`) to be.

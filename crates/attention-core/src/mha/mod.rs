@@ -4,6 +4,7 @@
 //! - this file: the module, its accessors and forward entry points, the input checks
 //! - `config.rs`: [`MultiHeadAttentionConfig`], its validation and `init`
 //! - `input.rs`: [`AttentionInput`] and [`AttentionTrace`], what a forward pass takes and shows
+//! - `paged.rs`: the layer on a ragged step over a page pool
 //! - `project.rs`: the projections in and out, the heads split and merged
 
 use burn::module::Param;
@@ -25,6 +26,7 @@ use cpu_linalg::projection::{self, PackedWeightsCache};
 
 mod config;
 mod input;
+mod paged;
 mod project;
 #[cfg(test)]
 mod tests;

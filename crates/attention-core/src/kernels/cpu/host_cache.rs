@@ -78,6 +78,26 @@ impl<E: KernelFloat> HostKv<E> {
         }
     }
 
+    /// Writes one position's `[kv_heads · head_dim]` key and value at slot `slot` of sequence
+    /// (or page) `sequence`.
+    fn write_slot(&mut self, sequence: usize, slot: usize, key: &[E], value: &[E]) {
+        let (kv_heads, head_dim, allocated) = (self.kv_heads, self.head_dim, self.allocated);
+        for (to, from) in [(&mut self.keys, key), (&mut self.values, value)] {
+            for (head, from) in from.chunks_exact(head_dim).enumerate() {
+                let at = ((sequence * kv_heads + head) * allocated + slot) * head_dim;
+                to[at..at + head_dim].copy_from_slice(from);
+            }
+        }
+    }
+
+    /// Copies every slot of sequence (or page) `from` over those of `to`.
+    fn copy_sequence(&mut self, from: usize, to: usize) {
+        let len = self.kv_heads * self.allocated * self.head_dim;
+        for data in [&mut self.keys, &mut self.values] {
+            data.copy_within(from * len..(from + 1) * len, to * len);
+        }
+    }
+
     /// Burn tensors of the same keys and values, in the layout of the tensor cache.
     ///
     /// # Shapes
@@ -201,6 +221,50 @@ impl HostStorage {
                 kv.write(at, slice(&keys), slice(&values));
             }
         }
+    }
+}
+
+impl HostStorage {
+    /// Writes the keys and values of a step's tokens, token `i` at `places[i]`, a `(sequence or
+    /// page, slot)`.
+    ///
+    /// # Shapes
+    /// - `keys`, `values`: `[1, tokens, kv_heads · head_dim]`
+    pub fn write_places<B: Backend>(
+        &mut self,
+        keys: Tensor<B, 3>,
+        values: Tensor<B, 3>,
+        places: &[(usize, usize)],
+    ) {
+        fn write<E: KernelFloat + burn::tensor::Element>(
+            kv: &mut HostKv<E>,
+            [keys, values]: [TensorData; 2],
+            places: &[(usize, usize)],
+        ) {
+            let [keys, values] = [keys, values].map(|data| data.convert_dtype(E::dtype()));
+            let width = kv.kv_heads * kv.head_dim;
+            let rows = slice::<E>(&keys)
+                .chunks_exact(width)
+                .zip(slice::<E>(&values).chunks_exact(width));
+            for (&(sequence, slot), (key, value)) in places.iter().zip(rows) {
+                kv.write_slot(sequence, slot, key, value);
+            }
+        }
+        let data = [keys.into_data(), values.into_data()];
+        with_host_kv!(self, kv => write(kv, data, places))
+    }
+
+    /// Bytes of one element.
+    pub fn element_size(&self) -> usize {
+        match self {
+            Self::F32(_) => 4,
+            Self::F64(_) => 8,
+        }
+    }
+
+    /// Copies sequence (or page) `from` over `to`.
+    pub fn copy_sequence(&mut self, from: usize, to: usize) {
+        with_host_kv!(self, kv => kv.copy_sequence(from, to))
     }
 }
 

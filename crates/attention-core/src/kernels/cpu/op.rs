@@ -168,7 +168,7 @@ impl<E: HostFloat> Host<E> {
 }
 
 /// The kernel's [`Scoring`] in `E`.
-fn scoring<E: KernelFloat>(
+pub(super) fn scoring<E: KernelFloat>(
     scale: f64,
     softcap: Option<f64>,
     sinks: Option<&[E]>,
@@ -323,7 +323,7 @@ fn cached_step<B: Backend>(inputs: CachedStep<'_, B>) -> Tensor<B, 3> {
             query: query_floats,
             key: &kv.keys,
             value: &kv.values,
-            key_rows: kernel::KeyRows {
+            key_rows: kernel::KeyRows::Rows {
                 first: inputs.seen.start,
                 per_sequence: kv.allocated,
                 head_major: true,

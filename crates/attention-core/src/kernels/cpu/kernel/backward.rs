@@ -238,7 +238,7 @@ fn backward_group<E: KernelFloat>(
             inputs.masked_scores(
                 batch,
                 &query_block,
-                &key,
+                &key_block,
                 row_start,
                 cols.clone(),
                 &mut weights,

@@ -1,7 +1,7 @@
 //! The forward pass: an online softmax over key blocks, per block of queries (or, decoding,
 //! per key/value head and split of the keys).
 
-use ndarray::{ArrayView2, Axis, Slice};
+use ndarray::ArrayView2;
 use rayon::prelude::*;
 
 use super::*;
@@ -218,8 +218,6 @@ fn forward_block_over<E: KernelFloat>(
     let mut row_max = vec![E::neg_infinity(); most_rows];
     let mut row_sum = vec![E::zero(); most_rows];
     for kv_head in kv_heads {
-        let key = inputs.key_view(inputs.key, batch, kv_head);
-        let value = inputs.key_view(inputs.value, batch, kv_head);
         let first_head = kv_head * group;
         for part in inputs.blocks(batch, rows.clone(), positions) {
             let stacked = part.len() * group;
@@ -236,8 +234,9 @@ fn forward_block_over<E: KernelFloat>(
             // forward with the rows.
             let visible = inputs.first_visible_key(batch, part.start).max(keys.start)
                 ..dims.visible_keys(part.end).min(keys.end);
-            for start in visible.clone().step_by(KEY_BLOCK) {
-                let cols = start..(start + KEY_BLOCK).min(visible.end);
+            for cols in inputs.key_blocks(visible) {
+                let key = inputs.key_block(inputs.key, batch, kv_head, cols.clone());
+                let value = inputs.key_block(inputs.value, batch, kv_head, cols.clone());
                 let mut scores = block_matrix(&mut scores_buffer, stacked, cols.len());
                 inputs.masked_scores(batch, &query, &key, part.start, cols.clone(), &mut scores);
                 for (r, mut row) in scores.rows_mut().into_iter().enumerate() {
@@ -256,13 +255,7 @@ fn forward_block_over<E: KernelFloat>(
                         out.row_mut(r).mapv_inplace(|o| o * correction);
                     }
                 }
-                mat_mul(
-                    E::one(),
-                    &scores,
-                    &value.slice_axis(Axis(0), Slice::from(cols)),
-                    E::one(),
-                    &mut out,
-                );
+                mat_mul(E::one(), &scores, &value, E::one(), &mut out);
             }
             // Stacked row `r` is head `first_head + r % group` at position `r / group` of the
             // part: index `r` of the group's stretch of the part's `[positions, heads]`.

@@ -235,26 +235,52 @@ pub struct Gradients<E> {
     pub sinks: Option<Vec<E>>,
 }
 
-/// Where each sequence's keys (and values) lie in the key and value buffers: rows
-/// `first .. first + keys` of the sequence's `per_sequence` rows, each row's heads side by side
-/// (a call's own keys) or each head's rows (a cache's storage). A cache's storage holds more
-/// positions than one call reads.
+/// Where each sequence's keys (and values) lie in the key and value buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeyRows {
-    /// The first row read.
-    pub first: usize,
-    /// Rows per sequence in the buffers.
-    pub per_sequence: usize,
-    /// The buffers' order: `[batch, per_sequence, kv_heads, head_dim]` when `false`,
-    /// `[batch, kv_heads, per_sequence, head_dim]` when `true` (one head's keys then lie side by
-    /// side, and a decoding step's products over them stream through memory).
-    pub head_major: bool,
+pub enum KeyRows<'a> {
+    /// Rows `first .. first + keys` of the sequence's `per_sequence` rows, each row's heads side
+    /// by side (a call's own keys) or each head's rows (a cache's storage). A cache's storage
+    /// holds more positions than one call reads.
+    Rows {
+        /// The first row read.
+        first: usize,
+        /// Rows per sequence in the buffers.
+        per_sequence: usize,
+        /// The buffers' order: `[batch, per_sequence, kv_heads, head_dim]` when `false`,
+        /// `[batch, kv_heads, per_sequence, head_dim]` when `true` (one head's keys then lie side
+        /// by side, and a decoding step's products over them stream through memory).
+        head_major: bool,
+    },
+    /// Pages of a pool (see [`Pages`]): key `j` of a sequence lies in the page its table names
+    /// at `j / size`.
+    Pages(Pages<'a>),
 }
 
-impl KeyRows {
+/// A page pool's keys or values and the tables that map each sequence's positions to its pages.
+///
+/// The buffers are `[pages, kv_heads, size, head_dim]`: within a page each head's positions lie
+/// side by side, as in a cache's head-major storage. A block of keys never spans two pages
+/// ([`Inputs::key_blocks`]), so each block is one contiguous `[cols, head_dim]` matrix.
+///
+/// # Shapes
+/// - `tables`: `[batch, per_sequence]` page ids, of which the first `ceil(keys / size)` are read
+///   (those wholly before every query's window may be anything)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pages<'a> {
+    /// Each sequence's page ids.
+    pub tables: &'a [u32],
+    /// Entries per sequence in `tables`.
+    pub per_sequence: usize,
+    /// Positions per page.
+    pub size: usize,
+    /// Pages in the pool.
+    pub count: usize,
+}
+
+impl KeyRows<'_> {
     /// Exactly `keys` rows per sequence, all read, each row's heads side by side.
     pub fn packed(dims: &Dims) -> Self {
-        Self {
+        Self::Rows {
             first: 0,
             per_sequence: dims.keys,
             head_major: false,
@@ -266,9 +292,9 @@ impl KeyRows {
 ///
 /// # Shapes
 /// - `query`: `[batch, queries, heads, head_dim]`
-/// - `key`, `value`: `[batch, key_rows.per_sequence, kv_heads, head_dim]` (or
-///   `[batch, kv_heads, key_rows.per_sequence, head_dim]`, see [`KeyRows::head_major`]), of
-///   which rows `key_rows.first ..` are the call's `keys`
+/// - `key`, `value`: `[batch, per_sequence, kv_heads, head_dim]` (or `[batch, kv_heads,
+///   per_sequence, head_dim]`), of which rows `first ..` are the call's `keys`; or a page
+///   pool's `[pages, kv_heads, size, head_dim]` (see [`KeyRows`])
 /// - `key_padding`: `[batch, keys]`, `true` = padding (never attended to)
 /// - `documents`: `[batch, keys, 2]`
 #[derive(Debug, Clone, Copy)]
@@ -282,7 +308,7 @@ pub struct Inputs<'a, E> {
     /// Values.
     pub value: &'a [E],
     /// Where the keys and values of each sequence lie in `key` and `value`.
-    pub key_rows: KeyRows,
+    pub key_rows: KeyRows<'a>,
     /// Keys never attended to.
     pub key_padding: Option<&'a [bool]>,
     /// Each position's document, `[start, end)` within its sequence, when the sequences are
@@ -389,11 +415,34 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
             "query buffer for {dims:?}"
         );
         let rows = self.key_rows;
-        assert!(
-            rows.first + dims.keys <= rows.per_sequence,
-            "keys past the buffers' rows: {rows:?}, {dims:?}"
-        );
-        let key_len = dims.batch * rows.per_sequence * dims.kv_width();
+        let key_len = match rows {
+            KeyRows::Rows {
+                first,
+                per_sequence,
+                ..
+            } => {
+                assert!(
+                    first + dims.keys <= per_sequence,
+                    "keys past the buffers' rows: {rows:?}, {dims:?}"
+                );
+                dims.batch * per_sequence * dims.kv_width()
+            }
+            KeyRows::Pages(pages) => {
+                assert!(
+                    dims.keys.div_ceil(pages.size) <= pages.per_sequence
+                        && pages.tables.len() == dims.batch * pages.per_sequence,
+                    "tables too short for {dims:?}"
+                );
+                assert!(
+                    pages
+                        .tables
+                        .iter()
+                        .all(|&page| (page as usize) < pages.count),
+                    "a page id past the pool"
+                );
+                pages.count * pages.size * dims.kv_width()
+            }
+        };
         assert_eq!(self.key.len(), key_len, "key buffer for {dims:?}, {rows:?}");
         assert_eq!(
             self.value.len(),
@@ -424,22 +473,74 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
     }
 
     /// The `[keys, head_dim]` view of key/value head `kv_head` of sequence `batch` in `data`
-    /// (the key or the value buffer).
+    /// (the key or the value buffer), all of the call's keys: rows only, never pages.
     fn key_view<'d>(&self, data: &'d [E], batch: usize, kv_head: usize) -> ArrayView2<'d, E> {
-        let (dims, rows) = (self.dims, self.key_rows);
-        let (start, row_stride) = match rows.head_major {
+        let dims = self.dims;
+        let KeyRows::Rows {
+            first,
+            per_sequence,
+            head_major,
+        } = self.key_rows
+        else {
+            unreachable!("paged keys are read a block at a time, by the forward pass only")
+        };
+        let (start, row_stride) = match head_major {
             true => {
                 let head = batch * dims.kv_heads + kv_head;
-                (head * rows.per_sequence + rows.first, 1)
+                (head * per_sequence + first, 1)
             }
             false => {
-                let row = batch * rows.per_sequence + rows.first;
+                let row = batch * per_sequence + first;
                 (row * dims.kv_heads + kv_head, dims.kv_heads)
             }
         };
         let shape = (dims.keys, dims.head_dim).strides((row_stride * dims.head_dim, 1));
         ArrayView2::from_shape(shape, &data[start * dims.head_dim..])
             .expect("the buffer holds the tensor")
+    }
+
+    /// The `[cols.len(), head_dim]` view of keys `cols` of key/value head `kv_head` of sequence
+    /// `batch` in `data` (the key or the value buffer); with pages, `cols` lie in one page.
+    fn key_block<'d>(
+        &self,
+        data: &'d [E],
+        batch: usize,
+        kv_head: usize,
+        cols: std::ops::Range<usize>,
+    ) -> ArrayView2<'d, E> {
+        let KeyRows::Pages(pages) = self.key_rows else {
+            return self
+                .key_view(data, batch, kv_head)
+                .slice_axis_move(Axis(0), Slice::from(cols));
+        };
+        let head_dim = self.dims.head_dim;
+        let (index, slot) = (cols.start / pages.size, cols.start % pages.size);
+        debug_assert!(slot + cols.len() <= pages.size, "a block spans two pages");
+        let page = pages.tables[batch * pages.per_sequence + index] as usize;
+        let start = ((page * self.dims.kv_heads + kv_head) * pages.size + slot) * head_dim;
+        ArrayView2::from_shape(
+            (cols.len(), head_dim),
+            &data[start..start + cols.len() * head_dim],
+        )
+        .expect("the page holds the block")
+    }
+
+    /// `keys` cut into blocks of at most [`KEY_BLOCK`], and at every page's end.
+    fn key_blocks(
+        &self,
+        keys: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = std::ops::Range<usize>> + use<E> {
+        let page = match self.key_rows {
+            KeyRows::Pages(pages) => pages.size,
+            KeyRows::Rows { .. } => usize::MAX,
+        };
+        let end = keys.end;
+        std::iter::successors(Some(keys.start..keys.start), move |last| {
+            let start = last.end;
+            let page_end = (start / page + 1).saturating_mul(page);
+            (start < end).then(|| start..(start + KEY_BLOCK).min(end).min(page_end))
+        })
+        .skip(1)
     }
 
     /// `scale · q kᵀ` (soft-capped, with a soft-cap) for a block of stacked query rows and key
@@ -450,19 +551,18 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
     /// row `r` is query position `first_row + r / group`.
     ///
     /// # Shapes
-    /// - `query`: `[positions · group, head_dim]`, `key`: `[keys, head_dim]`
+    /// - `query`: `[positions · group, head_dim]`, `key_block`: `[cols.len(), head_dim]`
     /// - `scores`: `[positions · group, cols.len()]`, overwritten
     fn masked_scores(
         &self,
         batch: usize,
         query: &ArrayView2<E>,
-        key: &ArrayView2<E>,
+        key_block: &ArrayView2<E>,
         first_row: usize,
         cols: std::ops::Range<usize>,
         scores: &mut ArrayViewMut2<E>,
     ) {
         let dims = self.dims;
-        let key_block = key.slice_axis(Axis(0), Slice::from(cols.clone()));
         mat_mul(self.scoring.scale, query, &key_block.t(), E::zero(), scores);
         if let Some(cap) = self.scoring.softcap {
             let inverse = cap.recip();

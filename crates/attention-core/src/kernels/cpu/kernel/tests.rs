@@ -564,22 +564,23 @@ fn keys_inside_longer_rows_are_read_where_they_lie() {
         window: None,
     };
     let query: Vec<f64> = values(dims.query_len(), 1);
+    let (first, per_sequence) = (5, 170);
     for head_major in [false, true] {
-        let rows = KeyRows {
-            first: 5,
-            per_sequence: 170,
+        let rows = KeyRows::Rows {
+            first,
+            per_sequence,
             head_major,
         };
         let stored: Vec<Vec<f64>> = [2, 3]
             .iter()
-            .map(|&seed| values(dims.batch * rows.per_sequence * dims.kv_width(), seed))
+            .map(|&seed| values(dims.batch * per_sequence * dims.kv_width(), seed))
             .collect();
         // Element (b, j, h, c) of the call's keys, where the storage holds it.
         let stored_at = |b: usize, j: usize, h: usize, c: usize| {
-            let row = rows.first + j;
+            let row = first + j;
             let place = match head_major {
-                true => (b * dims.kv_heads + h) * rows.per_sequence + row,
-                false => (b * rows.per_sequence + row) * dims.kv_heads + h,
+                true => (b * dims.kv_heads + h) * per_sequence + row,
+                false => (b * per_sequence + row) * dims.kv_heads + h,
             };
             place * dims.head_dim + c
         };
@@ -612,5 +613,89 @@ fn keys_inside_longer_rows_are_read_where_they_lie() {
         let from_packed = forward(Inputs::packed(dims, [&query, &packed[0], &packed[1]], None));
         assert_eq!(from_rows.output, from_packed.output, "{rows:?}");
         assert_eq!(from_rows.log_sum_exp, from_packed.log_sum_exp, "{rows:?}");
+    }
+}
+
+/// Keys and values in pages of a pool, in an order of their own and with pages that do not divide
+/// the keys, read through each sequence's table, give what the same keys packed give: with a
+/// window and sinks, and split across threads when decoding.
+#[test]
+fn keys_in_pages_are_read_through_the_tables() {
+    for (queries, window, size) in [
+        (1, None, 32),
+        (1, Some(70), 64),
+        (40, None, 32),
+        (40, Some(50), 128),
+    ] {
+        let dims = Dims {
+            batch: 2,
+            heads: 4,
+            kv_heads: 2,
+            queries,
+            keys: 300,
+            head_dim: 8,
+            window,
+        };
+        let query: Vec<f64> = values(dims.query_len(), 1);
+        let packed: Vec<Vec<f64>> = [2, 3]
+            .iter()
+            .map(|&seed| values(dims.key_len(), seed))
+            .collect();
+        let per_sequence = dims.keys.div_ceil(size);
+        // Sequence b's page i is pool page `tables[b · per_sequence + i]`, interleaved and
+        // reversed, with pool pages no table names.
+        let count = 2 * dims.batch * per_sequence + 3;
+        let tables: Vec<u32> = (0..dims.batch)
+            .flat_map(|b| {
+                (0..per_sequence).map(move |i| (2 * (per_sequence - 1 - i) + b) as u32 + 3)
+            })
+            .collect();
+        let pools: Vec<Vec<f64>> = packed
+            .iter()
+            .map(|packed| {
+                let mut pool = vec![f64::NAN; count * dims.kv_heads * size * dims.head_dim];
+                for b in 0..dims.batch {
+                    for j in 0..dims.keys {
+                        let page = tables[b * per_sequence + j / size] as usize;
+                        for h in 0..dims.kv_heads {
+                            let to = ((page * dims.kv_heads + h) * size + j % size) * dims.head_dim;
+                            let from = ((b * dims.keys + j) * dims.kv_heads + h) * dims.head_dim;
+                            pool[to..to + dims.head_dim]
+                                .copy_from_slice(&packed[from..from + dims.head_dim]);
+                        }
+                    }
+                }
+                pool
+            })
+            .collect();
+        let sinks = [0.5, -1.0, 2.0, 0.0];
+        let scoring = Scoring {
+            sinks: Some(&sinks[..]),
+            ..Scoring::plain(dims.head_dim)
+        };
+        let from_pages = forward(Inputs {
+            dims,
+            query: &query,
+            key: &pools[0],
+            value: &pools[1],
+            key_rows: KeyRows::Pages(Pages {
+                tables: &tables,
+                per_sequence,
+                size,
+                count,
+            }),
+            key_padding: None,
+            documents: None,
+            scoring,
+        });
+        let from_packed = forward(
+            Inputs::packed(dims, [&query, &packed[0], &packed[1]], None).with_scoring(scoring),
+        );
+        let close = from_pages
+            .output
+            .iter()
+            .zip(&from_packed.output)
+            .all(|(a, b)| (a - b).abs() <= 1e-12 * b.abs().max(1.0));
+        assert!(close, "{dims:?}, pages of {size}");
     }
 }

@@ -1,0 +1,147 @@
+//! Where one layer keeps the keys and values of every page of a pool: the CPU kernel's host
+//! memory, or Burn tensors that any backend gathers from (the fallback). Page ids and tables
+//! are the pool's (`crate::paged`); this module only writes, copies and reads the slots it is
+//! told to.
+
+use burn::prelude::*;
+use burn::tensor::DType;
+
+use super::backends::Kernel;
+use super::cpu::HostStorage;
+use crate::paged::{PageCopy, RaggedStep};
+
+/// A layer's keys and values for every page of a pool.
+///
+/// # Shapes
+/// - `CpuHost`: `[pages, kv_heads, page_size, head_dim]`, the layout the CPU kernel reads in
+///   place
+/// - `Tensors`: keys, values `[pages, page_size, kv_heads · head_dim]`
+#[derive(Debug, Clone)]
+pub(crate) enum PagedStorage<B: Backend> {
+    CpuHost(HostStorage),
+    Tensors {
+        keys: Tensor<B, 3>,
+        values: Tensor<B, 3>,
+    },
+}
+
+impl<B: Backend> PagedStorage<B> {
+    /// Zeroed storage for `pages` pages: in host memory where `B`'s kernel reads pages in place,
+    /// else in tensors.
+    pub(crate) fn zeros(
+        [pages, page_size, kv_heads, head_dim]: [usize; 4],
+        device: &B::Device,
+        dtype: DType,
+    ) -> Self {
+        if Kernel::reads_pages::<B>() {
+            return Self::CpuHost(HostStorage::zeros(
+                dtype, pages, kv_heads, page_size, head_dim,
+            ));
+        }
+        let zeros = || Tensor::zeros([pages, page_size, kv_heads * head_dim], (device, dtype));
+        Self::Tensors {
+            keys: zeros(),
+            values: zeros(),
+        }
+    }
+
+    /// Copies each shared page over its sequence's own copy.
+    pub(crate) fn copy_pages(&mut self, copies: &[PageCopy]) {
+        for &PageCopy { from, to } in copies {
+            let (from, to) = (from as usize, to as usize);
+            match self {
+                Self::CpuHost(host) => host.copy_sequence(from, to),
+                Self::Tensors { keys, values } => {
+                    for tensor in [keys, values] {
+                        let [_, size, width] = tensor.dims();
+                        let page = tensor.clone().narrow(0, from, 1);
+                        *tensor = tensor
+                            .clone()
+                            .slice_assign([to..to + 1, 0..size, 0..width], page);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the step's new keys and values at their sequences' places.
+    ///
+    /// # Shapes
+    /// - `keys`, `values`: `[1, tokens, kv_heads · head_dim]`, packed as the step's queries
+    pub(crate) fn write(&mut self, step: &RaggedStep, keys: Tensor<B, 3>, values: Tensor<B, 3>) {
+        match self {
+            Self::CpuHost(host) => {
+                let places: Vec<(usize, usize)> = step
+                    .sequences()
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(sequence, s)| (0..s.new).map(move |token| (sequence, token)))
+                    .map(|(sequence, token)| step.place(sequence, token))
+                    .collect();
+                host.write_places(keys, values, &places);
+            }
+            Self::Tensors {
+                keys: stored_keys,
+                values: stored_values,
+            } => {
+                // One slice per run of a sequence's tokens within one page.
+                for (sequence, s) in step.sequences().iter().enumerate() {
+                    let mut token = 0;
+                    while token < s.new {
+                        let (page, slot) = step.place(sequence, token);
+                        let run = (step.page_size() - slot).min(s.new - token);
+                        let from = step.offsets()[sequence] + token;
+                        for (stored, new) in
+                            [(&mut *stored_keys, &keys), (&mut *stored_values, &values)]
+                        {
+                            let width = new.dims()[2];
+                            *stored = stored.clone().slice_assign(
+                                [page..page + 1, slot..slot + run, 0..width],
+                                new.clone().narrow(1, from, run),
+                            );
+                        }
+                        token += run;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sequence `sequence`'s keys and values from position `first` (a page's first) up to its
+    /// last new one, gathered out of tensor storage.
+    ///
+    /// # Shapes
+    /// - output: two `[1, kv_heads, keys − first, head_dim]`
+    pub(crate) fn gathered(
+        &self,
+        step: &RaggedStep,
+        sequence: usize,
+        first: usize,
+        kv_heads: usize,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let Self::Tensors { keys, values } = self else {
+            unreachable!("host pages are read in place by the CPU kernel")
+        };
+        let size = step.page_size();
+        let end = step.sequences()[sequence].keys();
+        let pages: Vec<i64> = step.table(sequence)[first / size..end.div_ceil(size)]
+            .iter()
+            .map(|&page| i64::from(page))
+            .collect();
+        let device = keys.device();
+        let ids = Tensor::<B, 1, Int>::from_data(
+            burn::tensor::TensorData::new(pages.clone(), [pages.len()]),
+            &device,
+        );
+        let gather = |tensor: &Tensor<B, 3>| {
+            let width = tensor.dims()[2];
+            tensor
+                .clone()
+                .select(0, ids.clone())
+                .reshape([1, pages.len() * size, kv_heads, width / kv_heads])
+                .narrow(1, 0, end - first)
+                .swap_dims(1, 2)
+        };
+        (gather(keys), gather(values))
+    }
+}

@@ -1,0 +1,174 @@
+//! One step of a ragged batch over pages: what every layer of one attention kind reads.
+
+use burn::prelude::*;
+use burn::tensor::TensorData;
+
+use crate::documents::Documents;
+
+/// One sequence's share of a [`RaggedStep`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SequenceStep {
+    /// Positions cached before the step (the first new query's position).
+    pub past: usize,
+    /// New positions: 1 for a decoding step, a chunk of a prompt, or a whole prompt.
+    pub new: usize,
+}
+
+impl SequenceStep {
+    /// Keys the sequence's last new query sees at most: the cached and the new positions.
+    pub fn keys(&self) -> usize {
+        self.past + self.new
+    }
+}
+
+/// A page each layer copies before the step writes: a shared, partly filled page that one of
+/// the step's sequences writes into gets a copy of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageCopy {
+    /// The shared page.
+    pub from: u32,
+    /// The sequence's own copy.
+    pub to: u32,
+}
+
+/// A step of any number of sequences, each with its own count of new queries and its own
+/// cached length, over the pages of a [`PagePool`](crate::PagePool): made by
+/// [`PagePool::step`](crate::PagePool::step) once per step and attention kind, read by every
+/// layer of that kind ([`MultiHeadAttention::forward_paged`](crate::MultiHeadAttention::forward_paged)).
+///
+/// The new tokens are packed along one axis, sequence after sequence, with no padding: sequence
+/// `s`'s are tokens `offsets[s] .. offsets[s + 1]` (FlashAttention's `cu_seqlens`), at
+/// positions `past, past + 1, …` of the sequence.
+///
+/// # Shapes
+/// - tables: `[sequences, per_sequence]` page ids
+#[derive(Debug, Clone)]
+pub struct RaggedStep {
+    page_size: usize,
+    pool_pages: usize,
+    window: Option<usize>,
+    sequences: Vec<SequenceStep>,
+    /// Each sequence's page ids, padded to the longest table with ids that are never read.
+    tables: Vec<u32>,
+    per_sequence: usize,
+    copies: Vec<PageCopy>,
+    /// Where each sequence's tokens start, and the end of the last.
+    offsets: Vec<usize>,
+}
+
+impl RaggedStep {
+    pub(crate) fn new(
+        page_size: usize,
+        pool_pages: usize,
+        window: Option<usize>,
+        sequences: Vec<SequenceStep>,
+        tables: Vec<Vec<u32>>,
+        copies: Vec<PageCopy>,
+    ) -> Self {
+        let per_sequence = tables.iter().map(Vec::len).max().unwrap_or(0);
+        let padded = tables
+            .into_iter()
+            .flat_map(|mut table| {
+                let pad = table.last().copied().unwrap_or(0);
+                table.resize(per_sequence, pad);
+                table
+            })
+            .collect();
+        let offsets = std::iter::once(0)
+            .chain(sequences.iter().scan(0, |end, sequence| {
+                *end += sequence.new;
+                Some(*end)
+            }))
+            .collect();
+        Self {
+            page_size,
+            pool_pages,
+            window,
+            sequences,
+            tables: padded,
+            per_sequence,
+            copies,
+            offsets,
+        }
+    }
+
+    /// The step's sequences, in the order their tokens are packed.
+    pub fn sequences(&self) -> &[SequenceStep] {
+        &self.sequences
+    }
+
+    /// New tokens of all sequences together: the packed axis's length.
+    pub fn tokens(&self) -> usize {
+        *self.offsets.last().expect("offsets start at 0")
+    }
+
+    /// Where each sequence's tokens start on the packed axis, and the end of the last
+    /// (`sequences + 1` entries).
+    pub fn offsets(&self) -> &[usize] {
+        &self.offsets
+    }
+
+    /// The packed axis as one row of documents, a sequence's new tokens each: the per-sequence
+    /// offsets packed training uses.
+    pub fn documents(&self) -> Documents {
+        let lengths = self.sequences.iter().map(|sequence| sequence.new).collect();
+        Documents::from_lengths(&[lengths]).expect("every sequence has new tokens")
+    }
+
+    /// Each new token's position in its sequence, `[1, tokens]`.
+    pub fn positions<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
+        let positions: Vec<i64> = self
+            .sequences
+            .iter()
+            .flat_map(|sequence| (sequence.past..sequence.keys()).map(|p| p as i64))
+            .collect();
+        Tensor::from_data(TensorData::new(positions, [1, self.tokens()]), device)
+    }
+
+    /// Sequence `sequence`'s page ids (those a window let go name a page never read).
+    pub fn table(&self, sequence: usize) -> &[u32] {
+        &self.tables[sequence * self.per_sequence..(sequence + 1) * self.per_sequence]
+    }
+
+    /// Every table, `[sequences, per_sequence]` row-major, and `per_sequence`.
+    pub(crate) fn tables(&self) -> (&[u32], usize) {
+        (&self.tables, self.per_sequence)
+    }
+
+    /// The pages each layer copies before writing the step.
+    pub fn copies(&self) -> &[PageCopy] {
+        &self.copies
+    }
+
+    /// Positions per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Pages in the pool the step was reserved in.
+    pub fn pool_pages(&self) -> usize {
+        self.pool_pages
+    }
+
+    /// The sliding window of the layers the step's tables serve.
+    pub fn window(&self) -> Option<usize> {
+        self.window
+    }
+
+    /// Where new token `token` of sequence `sequence` is stored: `(page, slot)`.
+    pub(crate) fn place(&self, sequence: usize, token: usize) -> (usize, usize) {
+        let position = self.sequences[sequence].past + token;
+        let page = self.table(sequence)[position / self.page_size];
+        (page as usize, position % self.page_size)
+    }
+
+    /// The first key any of sequence `sequence`'s new queries sees, rounded down to its page's
+    /// first position: the pages before it may have been let go.
+    pub(crate) fn first_page_key(&self, sequence: usize) -> usize {
+        let past = self.sequences[sequence].past;
+        let first = self
+            .window
+            .map_or(0, |window| (past + 1).saturating_sub(window));
+        first / self.page_size * self.page_size
+    }
+}
