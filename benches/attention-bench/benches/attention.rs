@@ -35,6 +35,7 @@ fn backend<B: Backend>(c: &mut Criterion, name: &str, device: &B::Device) {
                     shape,
                     calls: 1,
                     documents: None,
+                    decode: Default::default(),
                 };
                 // Unsupported combinations (burn-nn has no cached decode) are left out. A case is
                 // prepared only when criterion runs it, so a filtered run prepares only its cases.

@@ -12,16 +12,16 @@ use std::time::{Duration, Instant};
 
 use attention_core::{
     AttentionInput, AttentionPath, Documents, KvCache, MultiHeadAttention,
-    MultiHeadAttentionConfig, causal_attention,
+    MultiHeadAttentionConfig, PagePool, PageTable, causal_attention,
 };
 use burn::backend::Autodiff;
 use burn::nn::attention::{
     MhaInput, MultiHeadAttentionConfig as BurnMhaConfig, generate_autoregressive_mask,
 };
 use burn::prelude::*;
-use burn::tensor::Distribution;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, Distribution, TensorData};
 
 /// `BxTxDxH`: batch, sequence, width, heads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,9 +164,17 @@ pub struct Case {
     run: Box<dyn FnMut()>,
     /// Calls per iteration, all queued before the one sync that ends it.
     calls: usize,
+    /// A decoding step's key/value cache, in bytes.
+    cache_bytes: Option<usize>,
 }
 
 impl Case {
+    /// The bytes of keys and values a decoding step's cache holds (`None` for other modes): a
+    /// dense cache's allocated positions, or the pages its tables hold.
+    pub fn cache_bytes(&self) -> Option<usize> {
+        self.cache_bytes
+    }
+
     /// Runs one iteration, device synced before it returns.
     pub fn iteration(&mut self) {
         (self.run)()
@@ -338,6 +346,51 @@ pub struct Timed {
     pub calls: usize,
     /// The documents each row is packed from ([`packed_documents`]); `None`: one per row.
     pub documents: Option<Documents>,
+    /// How a decoding step keeps its keys and values, and each row's length.
+    pub decode: DecodeRows,
+}
+
+/// How a decoding step (`--mode decode`) keeps its keys and values (`--cache`, `--page-size`) and
+/// how long each row is (`--lengths`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeRows {
+    /// A dense `KvCache` per layer, or a page pool.
+    pub cache: CacheKind,
+    /// Positions per page of a paged cache.
+    pub page_size: usize,
+    /// Row `i` decodes one token after `lengths[i] − 1` cached positions; `None`: every row
+    /// after `seq − 1`. A dense cache pads the shorter rows to the longest (their padding keys
+    /// masked), as a rectangular batch does.
+    pub lengths: Option<Vec<usize>>,
+}
+
+impl Default for DecodeRows {
+    fn default() -> Self {
+        Self {
+            cache: CacheKind::Dense,
+            page_size: PagePool::DEFAULT_PAGE_SIZE,
+            lengths: None,
+        }
+    }
+}
+
+/// Where a decoding step's keys and values are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheKind {
+    /// The layer's `KvCache`: every row's positions side by side, up to the longest.
+    Dense,
+    /// A page pool: each row's positions in pages of its own, read through its table.
+    Paged,
+}
+
+impl CacheKind {
+    /// The name the runner takes and prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Dense => "dense",
+            Self::Paged => "paged",
+        }
+    }
 }
 
 impl Timed {
@@ -346,6 +399,7 @@ impl Timed {
     /// sequence per row, nor Burn's layer) and must cover the shape's `[batch, seq]`.
     pub fn supported(&self) -> Result<(), Unsupported> {
         supports(self.implementation, self.mode, self.shape)?;
+        self.decode_supported()?;
         let Some(documents) = &self.documents else {
             return Ok(());
         };
@@ -367,6 +421,58 @@ impl Timed {
                 "shape `{}`: documents cover [batch, seq] = {:?}, expected {expected:?}",
                 self.shape,
                 documents.shape()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Timed {
+    /// `--cache`, `--page-size` and `--lengths`: for decoding steps of our layer; a length per
+    /// row of the shape, each from 2 (a cached position and a new one) to the shape's `seq`, the
+    /// longest equal to it; pages as the pool takes them.
+    fn decode_supported(&self) -> Result<(), Unsupported> {
+        let DecodeRows {
+            cache,
+            page_size,
+            lengths,
+        } = &self.decode;
+        if self.mode != Mode::Decode {
+            return match (cache, lengths) {
+                (CacheKind::Dense, None) => Ok(()),
+                _ => Err(Unsupported(
+                    "--cache paged and --lengths are for --mode decode".into(),
+                )),
+            };
+        }
+        if *cache == CacheKind::Paged {
+            if self.implementation != Impl::Fused {
+                return Err(Unsupported(
+                    "--cache paged runs our layer's ragged call: --impl fused".into(),
+                ));
+            }
+            PagePool::new(1, *page_size)
+                .map_err(|error| Unsupported(format!("--page-size {page_size}: {error}")))?;
+        }
+        let Some(lengths) = lengths else {
+            return Ok(());
+        };
+        let shape = self.shape;
+        if lengths.len() != shape.batch {
+            return Err(Unsupported(format!(
+                "--lengths gives {} rows, shape `{shape}` has a batch of {}",
+                lengths.len(),
+                shape.batch
+            )));
+        }
+        if lengths
+            .iter()
+            .any(|&length| length < 2 || length > shape.seq)
+            || lengths.iter().max() != Some(&shape.seq)
+        {
+            return Err(Unsupported(format!(
+                "--lengths: each from 2 to {} (shape `{shape}`'s seq), the longest equal to it",
+                shape.seq
             )));
         }
         Ok(())
@@ -418,6 +524,7 @@ pub fn prepare<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case, Uns
         shape,
         calls,
         documents,
+        decode,
     } = timed;
     let device = device.clone();
     match mode {
@@ -432,6 +539,7 @@ pub fn prepare<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case, Uns
                     sync::<B>(&device);
                 }),
                 calls,
+                cache_bytes: None,
             })
         }
         Mode::Fwdbwd => {
@@ -445,33 +553,135 @@ pub fn prepare<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case, Uns
                     sync::<B>(&device);
                 }),
                 calls,
+                cache_bytes: None,
             })
         }
-        Mode::Decode => {
-            let layer = our_layer::<B>(shape, &device);
-            let mut cache: KvCache<B> = layer.new_cache();
-            layer
-                .forward_cached(input::<B>(shape, shape.seq - 1, &device), &mut cache)
-                .expect("prefill fits");
-            let token = input::<B>(shape, 1, &device);
-            let path = implementation.path();
-            Ok(Case {
-                run: Box::new(move || {
-                    for _ in 0..calls {
-                        let y = layer
-                            .forward_cached(
-                                AttentionInput::new(token.clone()).path(path),
-                                &mut cache,
-                            )
-                            .expect("room for one");
-                        drop(y);
-                        cache.truncate(shape.seq - 1).expect("no window");
-                    }
-                    sync::<B>(&device);
-                }),
+        Mode::Decode => match decode.cache {
+            CacheKind::Dense => Ok(dense_decode::<B>(
+                implementation,
+                shape,
                 calls,
-            })
-        }
+                decode.lengths,
+                &device,
+            )),
+            CacheKind::Paged => Ok(paged_decode::<B>(shape, calls, &decode, &device)),
+        },
+    }
+}
+
+/// One decoding step of every row over a dense `KvCache` after `seq − 1` positions: rows shorter
+/// than that (`lengths`) are left-padded, their padding keys masked.
+fn dense_decode<B: Backend>(
+    implementation: Impl,
+    shape: Shape,
+    calls: usize,
+    lengths: Option<Vec<usize>>,
+    device: &B::Device,
+) -> Case {
+    let layer = our_layer::<B>(shape, device);
+    let mut cache: KvCache<B> = layer.new_cache();
+    let padding = lengths.map(|lengths| {
+        let padded: Vec<bool> = lengths
+            .iter()
+            .flat_map(|&length| (0..shape.seq).map(move |position| position + length < shape.seq))
+            .collect();
+        Tensor::<B, 2, Bool>::from_data(TensorData::new(padded, [shape.batch, shape.seq]), device)
+    });
+    let prefill = AttentionInput::new(input::<B>(shape, shape.seq - 1, device));
+    let prefill = match &padding {
+        Some(padding) => prefill.key_padding(padding.clone().narrow(1, 0, shape.seq - 1)),
+        None => prefill,
+    };
+    layer
+        .forward_cached(prefill, &mut cache)
+        .expect("prefill fits");
+    let token = input::<B>(shape, 1, device);
+    let path = implementation.path();
+    let cache_bytes =
+        cache.allocated() * shape.batch * 2 * shape.kv_heads * (shape.dim / shape.heads) * 4;
+    let device = device.clone();
+    Case {
+        run: Box::new(move || {
+            for _ in 0..calls {
+                let step = AttentionInput::new(token.clone()).path(path);
+                let step = match &padding {
+                    Some(padding) => step.key_padding(padding.clone()),
+                    None => step,
+                };
+                let y = layer
+                    .forward_cached(step, &mut cache)
+                    .expect("room for one");
+                drop(y);
+                cache.truncate(shape.seq - 1).expect("no window");
+            }
+            sync::<B>(&device);
+        }),
+        calls,
+        cache_bytes: Some(cache_bytes),
+    }
+}
+
+/// One decoding step of every row over a page pool, row `i` after `lengths[i] − 1` cached
+/// positions in pages of its own: one ragged call. Each timed call runs the same reserved step
+/// (its token written over the same slot), as the dense case rewinds its cache.
+fn paged_decode<B: Backend>(
+    shape: Shape,
+    calls: usize,
+    decode: &DecodeRows,
+    device: &B::Device,
+) -> Case {
+    let layer = our_layer::<B>(shape, device);
+    let lengths = decode
+        .lengths
+        .clone()
+        .unwrap_or_else(|| vec![shape.seq; shape.batch]);
+    let pages: usize = lengths
+        .iter()
+        .map(|length| length.div_ceil(decode.page_size))
+        .sum();
+    let mut pool = PagePool::new(pages, decode.page_size).expect("checked page size");
+    let mut storage = layer.new_pages(&pool).expect("pages fit");
+    let mut tables: Vec<PageTable> = lengths
+        .iter()
+        .map(|_| PageTable::new(shape.seq, shape.window))
+        .collect();
+    // The prompts, one sequence a call.
+    for (table, &length) in tables.iter_mut().zip(&lengths) {
+        let step = pool
+            .step(&mut [(table, length - 1)])
+            .expect("pages for the prompt");
+        let x = Tensor::random(
+            [1, length - 1, shape.dim],
+            Distribution::Normal(0.0, 1.0),
+            device,
+        );
+        layer
+            .forward_paged(x, &step, &mut storage)
+            .expect("prompt fits");
+    }
+    let mut sequences: Vec<(&mut PageTable, usize)> =
+        tables.iter_mut().map(|table| (table, 1)).collect();
+    let step = pool.step(&mut sequences).expect("pages for a token each");
+    let held: usize = tables.iter().map(PageTable::pages_held).sum();
+    let cache_bytes = held * decode.page_size * storage.bytes_per_position();
+    let token = Tensor::random(
+        [1, shape.batch, shape.dim],
+        Distribution::Normal(0.0, 1.0),
+        device,
+    );
+    let device = device.clone();
+    Case {
+        run: Box::new(move || {
+            for _ in 0..calls {
+                let y = layer
+                    .forward_paged(token.clone(), &step, &mut storage)
+                    .expect("the reserved step");
+                drop(y);
+            }
+            sync::<B>(&device);
+        }),
+        calls,
+        cache_bytes: Some(cache_bytes),
     }
 }
 
@@ -488,7 +698,13 @@ pub fn prepare_core<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case
         shape,
         calls,
         documents,
+        decode,
     } = timed;
+    if decode.cache != CacheKind::Dense || decode.lengths.is_some() {
+        return Err(Unsupported(
+            "--cache paged and --lengths time the layer's decoding step, not --core".into(),
+        ));
+    }
     if !matches!(implementation, Impl::Fused | Impl::BurnOp) {
         return Err(Unsupported(format!(
             "--core times `fused` (ours) or `burn-op`, not `{}`",
@@ -507,6 +723,7 @@ pub fn prepare_core<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case
                     sync::<B>(&device);
                 }),
                 calls,
+                cache_bytes: None,
             })
         }
         Mode::Fwdbwd => {
@@ -519,6 +736,7 @@ pub fn prepare_core<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case
                     sync::<B>(&device);
                 }),
                 calls,
+                cache_bytes: None,
             })
         }
     }

@@ -7,6 +7,9 @@
 //! # each 1024-token row packed from documents of 100, 400 and 524 tokens
 //! cargo run --release -p attention-bench -- --backend flex --impl fused --mode fwdbwd \
 //!     --shape 1x1024x768x12 --documents 100,400,524 --core
+//! # a decoding step of 8 rows at their own lengths, over a page pool
+//! cargo run --release -p attention-bench -- --backend flex --impl fused --mode decode \
+//!     --shape 8x4096x768x12 --cache paged --lengths 32,64,128,256,512,1024,2048,4096
 //! ```
 
 use std::process::ExitCode;
@@ -15,8 +18,10 @@ use std::time::Duration;
 use attention_backends::{BackendName, FloatType, OnBackend};
 use attention_bench::process::{median, run_on_in};
 use attention_bench::{
-    Impl, Mode, Shape, Timed, Unsupported, packed_documents, prepare, prepare_core, supports,
+    CacheKind, DecodeRows, Impl, Mode, Shape, Timed, Unsupported, packed_documents, prepare,
+    prepare_core, supports,
 };
+use attention_core::PagePool;
 use burn::prelude::*;
 use clap::Parser;
 
@@ -63,6 +68,18 @@ struct Args {
     /// rows only (`--mode fwd` or `fwdbwd`), of our layer or core (not `--impl burn-nn`).
     #[arg(long, value_name = "L1,L2,…", value_delimiter = ',')]
     documents: Option<Vec<usize>>,
+    /// Where a decoding step (`--mode decode`) keeps its keys and values: the layer's dense
+    /// `KvCache`, or a page pool read through each row's table (our layer, `--impl fused`).
+    #[arg(long, value_enum, default_value_t = CacheKind::Dense)]
+    cache: CacheKind,
+    /// Positions per page of `--cache paged` (a power of two, at least 32).
+    #[arg(long, default_value_t = PagePool::DEFAULT_PAGE_SIZE)]
+    page_size: usize,
+    /// One decoding row per length, `L1,L2,…`: row `i` decodes a token after `Li − 1` cached
+    /// positions (`--mode decode`; as many as the shape's batch, the longest the shape's seq).
+    /// A dense cache pads the rows to the longest, their padding keys masked.
+    #[arg(long, value_name = "L1,L2,…", value_delimiter = ',')]
+    lengths: Option<Vec<usize>>,
 }
 
 /// One JSON line per shape.
@@ -84,6 +101,15 @@ struct Record<'a> {
     /// The lengths of the documents each row is packed from (`--documents`); `null` for one
     /// document per row. The GFLOP/s stay nominal: those of whole causal rows.
     documents: Option<&'a [usize]>,
+    /// Where a decoding step keeps its keys and values (`dense` or `paged`).
+    cache: &'static str,
+    /// Positions per page (`--cache paged`); `null` for a dense cache.
+    page_size: Option<usize>,
+    /// Each decoding row's length (`--lengths`); `null` for every row at the shape's seq.
+    lengths: Option<&'a [usize]>,
+    /// A decoding step's keys and values, in bytes: a dense cache's allocated positions, or
+    /// the pages the tables hold; `null` for other modes.
+    cache_bytes: Option<usize>,
     /// The size of rayon's pool as this process found it.
     threads: usize,
     repeats: usize,
@@ -147,6 +173,10 @@ fn run<B: Backend>(backend: &str, device: &B::Device, args: &Args) -> Result<(),
             num_kv_heads: shape.kv_heads,
             sliding_window: shape.window,
             documents: args.documents.as_deref(),
+            cache: args.cache.name(),
+            page_size: (args.cache == CacheKind::Paged).then_some(args.page_size),
+            lengths: args.lengths.as_deref(),
+            cache_bytes: case.cache_bytes(),
             threads: rayon::current_num_threads(),
             repeats: times.len(),
             median_ms: median * 1e3,
@@ -190,6 +220,11 @@ fn case_of(mut shape: Shape, args: &Args) -> Result<Timed, Unsupported> {
         shape,
         calls: args.calls_per_sync as usize,
         documents,
+        decode: DecodeRows {
+            cache: args.cache,
+            page_size: args.page_size,
+            lengths: args.lengths.clone(),
+        },
     })
 }
 

@@ -332,3 +332,70 @@ fn packed_documents_are_benchmarked_and_listed() {
         assert!(stderr.contains(needle), "{extra:?}: {stderr}");
     }
 }
+
+/// `--cache paged` times a decoding step of rows at their own `--lengths` over a page pool (our
+/// layer's fused path); `--cache dense` pads the same rows to the longest. Each line lists the cache, the
+/// page size and the lengths, and the cache's bytes: the pages held, `Σ ceil(L / page)`, against
+/// the dense cache's rows of the longest. Bad sizes are refused in one line.
+#[test]
+fn paged_decoding_is_benchmarked_with_the_cache_bytes() {
+    let run = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["--backend", "flex", "--mode", "decode"])
+            .args(["--shape", "3x100x16x4", "--repeats", "1", "--warmup", "0"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let record = |extra: &[&str]| -> Value {
+        let output = run(&[&["--impl", "fused"], extra].concat());
+        assert!(
+            output.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+    // 4 features per head, 4 key/value heads, keys and values in f32: 128 bytes a position.
+    let paged = record(&[
+        "--cache",
+        "paged",
+        "--page-size",
+        "32",
+        "--lengths",
+        "2,100,40",
+    ]);
+    assert_eq!(paged["cache"], "paged");
+    assert_eq!(paged["page_size"], 32);
+    assert_eq!(paged["lengths"], serde_json::json!([2, 100, 40]));
+    assert_eq!(paged["cache_bytes"], (1 + 4 + 2) * 32 * 128);
+    assert!(paged["median_ms"].as_f64().unwrap() > 0.0);
+    let dense = record(&["--cache", "dense", "--lengths", "2,100,40"]);
+    assert_eq!(
+        (dense["cache"].clone(), dense["page_size"].clone()),
+        ("dense".into(), Value::Null)
+    );
+    assert_eq!(dense["cache_bytes"], 3 * 99 * 128);
+    let refusals: [(&[&str], &str); 4] = [
+        (
+            &["--impl", "fused", "--cache", "paged", "--page-size", "48"],
+            "--page-size 48",
+        ),
+        (
+            &["--impl", "fused", "--lengths", "2,100"],
+            "--lengths gives 2 rows",
+        ),
+        (
+            &["--impl", "fused", "--lengths", "2,99,40"],
+            "the longest equal to it",
+        ),
+        (&["--cache", "paged", "--impl", "explicit"], "--impl fused"),
+    ];
+    for (extra, needle) in refusals {
+        let output = run(extra);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{extra:?}: {stderr}");
+        assert!(stderr.contains(needle), "{extra:?}: {stderr}");
+    }
+}
