@@ -12,6 +12,10 @@ Packed documents (run-gpu.sh's `packed_set` rows): ours on the row packed from i
 against the same row as one document, per round; no target, and beside it the share of the
 causal row's score pairs that the documents keep.
 
+Paged decoding (run-gpu.sh's `paged_set` rows): ours over a page pool against the same rows in a
+dense cache, per round; targets as on the CPU (the paged-cache issue): rows at their own lengths
+at most 0.4x the padded dense step, equal lengths at most 1.1x.
+
 Whole models (the whole-models issue), per model and batch: decoding at least 5x the rate of the
 first H200 run and faster than this project's 2-core CPU decoding (must); prefill at most 2x
 transformers' time in float32 (must); decoding at least 1.0x transformers' tokens/s and prefill at
@@ -106,6 +110,26 @@ def packed_rows(rows, ratios):
     return table
 
 
+def paged_rows(rows, ratios):
+    """Ours paged / ours dense, per (set, shape, lengths) and round."""
+    # (set, shape, lengths, cache) -> {round: median ms}
+    times = collections.defaultdict(dict)
+    for r in rows:
+        if "paged_set" in r and "median_ms" in r:
+            key = (r["paged_set"], r["shape"], tuple(r.get("lengths") or ()), r.get("cache"))
+            times[key][r.get("round", 1)] = r["median_ms"]
+    table = []
+    for (kind, shape, lengths, cache), paged in sorted(times.items()):
+        dense = times.get((kind, shape, lengths, "dense"))
+        if cache != "paged" or not dense:
+            continue
+        bound = 0.4 if kind == "ragged" else 1.1
+        values = ratios(paged, dense)
+        table.append((f"decode {shape} {kind}: paged / dense", f"≤ {bound}", f"×{span(values)}",
+                      verdict(values, lambda v: v <= bound)))
+    return table
+
+
 def main(path):
     rows = [json.loads(line) for line in open(path) if line.startswith("{")]
     # (core, mode, shape, kv_heads, window, dtype, who) -> {round: median ms}
@@ -114,7 +138,7 @@ def main(path):
         if "median_ms" not in r or "impl" not in r:
             continue
         # Packed rows, and the unpacked rows timed beside them, are compared in packed_rows.
-        if "packed_set" in r or r.get("documents"):
+        if "packed_set" in r or r.get("documents") or "paged_set" in r:
             continue
         who = {"fused": "ours", "burn-op": "burn-op", "torch-sdpa": "sdpa"}[r["impl"]]
         heads = int(r["shape"].split("x")[3])
@@ -162,6 +186,7 @@ def main(path):
                 table.append((f"core {mode} {shape}: 512 window / full", "≤ 0.2", f"×{span(values)}",
                               verdict(values, lambda v: v <= 0.2)))
     table += packed_rows(rows, ratios)
+    table += paged_rows(rows, ratios)
     table += model_rows(rows)
     gpu = next((r["gpu"] for r in rows if r.get("kind") == "gpu"), "no GPU named")
     print(f"GPU: {gpu}\n")

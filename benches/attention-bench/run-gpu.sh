@@ -14,6 +14,7 @@
 #   PEER_DEVICE=cpu CORE_SEQS="64 128" LAYER_SHAPES=1x64x768x12 DECODE_SHAPES=1x64x768x12 \
 #     LONG=128 CALLS=2 MODEL_FAMILIES=smollm2 MODEL_LAYERS=1 MODEL_PROMPT=8 MODEL_NEW=3 \
 #     PACKED_SHAPE=1x128x768x12 PACKED_DOCUMENTS=16,40,8,64 \
+#     PAGED_SHAPE=4x128x768x12 PAGED_LENGTHS=32,128,2,64 \
 #     benches/attention-bench/run-gpu.sh /tmp/gpu.jsonl
 set -uo pipefail
 out=$1
@@ -31,6 +32,9 @@ long=${LONG:-8192}
 # The packed row: the 16 documents of documents-4096x16.txt, which other scripts read too.
 packed_shape=${PACKED_SHAPE:-1x4096x768x12}
 packed_documents=${PACKED_DOCUMENTS:-$(grep -v '^#' "$here/documents-4096x16.txt" | tr -d ' \n')}
+# The paged decoding step: 8 rows at their own lengths, the longest the shape's.
+paged_shape=${PAGED_SHAPE:-8x4096x768x12}
+paged_lengths=${PAGED_LENGTHS:-32,64,128,256,512,1024,2048,4096}
 model_families=${MODEL_FAMILIES:-gpt2 smollm2}
 model_prompt=${MODEL_PROMPT:-128}
 model_new=${MODEL_NEW:-64}
@@ -120,7 +124,23 @@ for round in $(seq "$rounds"); do
       --shape "$packed_shape"
   done
 done
-# 6. Whole models (the whole-models issue): random-weight checkpoints saved here by transformers,
+# 6. A decoding step of rows at their own lengths over a page pool (the GPU kernel reading each
+# sequence's pages in place, a launch per sequence), beside the same rows padded in a dense
+# cache, and equal lengths, paged beside dense. Tagged `paged_set`.
+for round in $(seq "$rounds"); do
+  left "paged decode round $round" || break
+  for cache in paged dense; do
+    TAG="\"paged_set\":\"ragged\"," ours "$round" --impl fused --mode decode \
+      --shape "$paged_shape" --cache "$cache" --lengths "$paged_lengths"
+  done
+  for shape in $decode_shapes; do
+    for cache in paged dense; do
+      TAG="\"paged_set\":\"equal\"," ours "$round" --impl fused --mode decode \
+        --shape "$shape" --cache "$cache"
+    done
+  done
+done
+# 7. Whole models (the whole-models issue): random-weight checkpoints saved here by transformers,
 # decoded by lm-bench on wgpu in f32 and f16 and by transformers' generate on the GPU in float32
 # and bfloat16, greedy, batch 1 and 8.
 models=$(mktemp -d)
@@ -140,7 +160,7 @@ for family in $model_families; do
   done
 done
 rm -rf "$models"
-# 7. Half precision, the core: ours and Burn's op in f16 on wgpu, SDPA in f16 and bf16.
+# 8. Half precision, the core: ours and Burn's op in f16 on wgpu, SDPA in f16 and bf16.
 for mode in fwd fwdbwd; do
   for seq in $core_seqs; do
     left "f16 core $mode $seq" || break 2

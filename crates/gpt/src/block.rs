@@ -1,6 +1,8 @@
 //! A decoder block: attention, then an MLP, each a residual branch between its norms.
 
-use attention_core::{AttentionError, AttentionInput, KvCache, MultiHeadAttention};
+use attention_core::{
+    AttentionError, AttentionInput, KvCache, LayerPages, MultiHeadAttention, RaggedStep,
+};
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 
@@ -76,8 +78,35 @@ impl<B: Backend> DecoderBlock<B> {
         input: &LmInput<B>,
         cache: Option<&mut KvCache<B>>,
     ) -> Result<Tensor<B, 3>, AttentionError> {
+        self.around_attention(x, |normed| self.attend(normed, input, cache))
+    }
+
+    /// The block over a ragged step's tokens, packed one sequence after another, whose keys and
+    /// values go to (and are read from) `pages` through `step`'s tables (see
+    /// [`MultiHeadAttention::forward_paged`]).
+    ///
+    /// # Shapes
+    /// - `x`: `[1, tokens, width]`; output the same
+    pub fn forward_paged(
+        &self,
+        x: Tensor<B, 3>,
+        step: &RaggedStep,
+        pages: &mut LayerPages<B>,
+    ) -> Result<Tensor<B, 3>, AttentionError> {
+        self.around_attention(x, |normed| {
+            self.attention.forward_paged(normed, step, pages)
+        })
+    }
+
+    /// The block with `attend` as its attention: the norms, both residual branches and the MLP
+    /// around it.
+    fn around_attention(
+        &self,
+        x: Tensor<B, 3>,
+        attend: impl FnOnce(Tensor<B, 3>) -> Result<Tensor<B, 3>, AttentionError>,
+    ) -> Result<Tensor<B, 3>, AttentionError> {
         let normed = optional(self.attention_norm.as_ref(), x.clone());
-        let attended = self.attend(normed, input, cache)?;
+        let attended = attend(normed)?;
         let attended = optional(self.post_attention_norm.as_ref(), attended);
         let x = x + self.dropout.forward(attended);
         let transformed = per_token(x.clone(), |rows| {

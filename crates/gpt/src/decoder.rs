@@ -18,7 +18,16 @@ pub enum DecoderError {
     /// The attention layers refused the input (context overflow, mismatched cache, shapes).
     #[error(transparent)]
     Attention(#[from] AttentionError),
-    /// The caches are not one per block.
+    /// A ragged step's tables or steps are not one per attention kind of the model (a
+    /// sequence or a step of another model).
+    #[error("{found} page tables or steps for a model of {kinds} attention kinds")]
+    AttentionKinds {
+        /// The tables or steps given.
+        found: usize,
+        /// The model's attention kinds ([`Decoder::attention_kinds`]).
+        kinds: usize,
+    },
+    /// The caches (or page storages) are not one per block.
     #[error("{found} caches for {layers} layers")]
     Caches {
         /// The caches given.
@@ -225,7 +234,7 @@ impl<B: Backend> Decoder<B> {
     /// # Shapes
     /// - `rows`: `[tokens, width]`
     /// - output: `[tokens, vocab]`
-    fn lm_head(&self, rows: Tensor<B, 2>) -> Tensor<B, 2> {
+    pub(crate) fn lm_head(&self, rows: Tensor<B, 2>) -> Tensor<B, 2> {
         let logits = match &self.lm_head {
             Some(head) => projection::linear(head, rows, &self.packed_lm_head),
             // `[vocab, width]`, read in place as `[width, vocab]`

@@ -25,6 +25,8 @@
 //!   [`Logits`].
 //! - `block.rs`: [`DecoderBlock`], and the per-token rows its MLP runs on.
 //! - `decoder.rs`: [`Decoder`], with and without KV caches.
+//! - `paged.rs`: the decoder on a ragged step over a page pool, and each sequence's
+//!   [`SequencePages`].
 //! - `loss.rs`: [`Labels`], the next-token labels within a batch's rows and documents, and the
 //!   cross-entropy over them.
 //! - `packing.rs`: [`TokenRows`], documents laid into training rows, packed or one per row.
@@ -47,6 +49,7 @@ mod mlp;
 mod named;
 mod norm;
 mod packing;
+mod paged;
 mod sampling;
 
 pub use block::DecoderBlock;
@@ -59,4 +62,5 @@ pub use mlp::{Activation, GatedMlp, Mlp, PlainMlp};
 pub use named::{load_parameters, named_parameters, parameter_shapes};
 pub use norm::Norm;
 pub use packing::{PackingError, RowLayout, TokenRows};
+pub use paged::SequencePages;
 pub use sampling::{Sampler, Sampling, SamplingError};

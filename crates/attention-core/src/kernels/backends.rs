@@ -9,7 +9,7 @@ use burn::prelude::*;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use super::gpu;
 use super::inputs::KernelInputs;
-use super::{CachedInputs, cpu};
+use super::{CachedInputs, PagedInputs, cpu};
 
 /// An attention kernel of this crate's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,10 +40,10 @@ impl Kernel {
     }
 
     /// Whether a ragged step on `B` reads a page pool's keys and values in place, through the
-    /// tables (the CPU kernel on a bare backend); elsewhere the layer gathers each sequence's
+    /// tables (either kernel, on a bare backend); elsewhere the layer gathers each sequence's
     /// pages and runs Burn's op or the explicit path.
     pub fn reads_pages<B: Backend>() -> bool {
-        Self::of::<B>() == Some(Self::Cpu) && Self::keeps_cache::<B>()
+        Self::keeps_cache::<B>()
     }
 
     /// How many attention calls (whole sequences and decoding steps) this kernel has computed on
@@ -124,6 +124,8 @@ pub(super) struct EntryPoints<B: Backend> {
     pub(super) forward: fn(KernelInputs<B>) -> Tensor<B, 3>,
     /// A decoding step over a cache in the kernel's storage (bare backends only).
     pub(super) cached: fn(CachedInputs<'_, B>) -> Tensor<B, 3>,
+    /// A ragged step over a page pool in the kernel's storage (bare backends only).
+    pub(super) paged: fn(PagedInputs<'_, B>) -> Tensor<B, 3>,
     /// Ends a layer's decoding step on the device's queue, without waiting for the device.
     pub(super) end_step: fn(&B::Device),
     /// Whether `B` is a bare backend, whose cache the kernel keeps in its own storage.
@@ -142,6 +144,7 @@ pub(super) fn entry_points<B: Backend>() -> Option<EntryPoints<B>> {
                     kernel: $kernel,
                     forward: $module::forward::<B, $inner>,
                     cached: $module::cached::<B, $inner>,
+                    paged: $module::paged::<B, $inner>,
                     end_step: $module::end_step::<B, $inner>,
                     keeps_cache: true,
                 });
@@ -151,6 +154,7 @@ pub(super) fn entry_points<B: Backend>() -> Option<EntryPoints<B>> {
                     kernel: $kernel,
                     forward: $module::on_autodiff::<B, $inner, NoCheckpointing>,
                     cached: uncached::<B>,
+                    paged: unpaged::<B>,
                     end_step: $module::end_step::<B, $inner>,
                     keeps_cache: false,
                 });
@@ -160,6 +164,7 @@ pub(super) fn entry_points<B: Backend>() -> Option<EntryPoints<B>> {
                     kernel: $kernel,
                     forward: $module::on_autodiff::<B, $inner, BalancedCheckpointing>,
                     cached: uncached::<B>,
+                    paged: unpaged::<B>,
                     end_step: $module::end_step::<B, $inner>,
                     keeps_cache: false,
                 });
@@ -233,6 +238,11 @@ fn missing_gpu_feature(type_name: &str, built: GpuFeatures) -> Option<&'static s
 /// never asks it).
 fn uncached<B: Backend>(_: CachedInputs<'_, B>) -> Tensor<B, 3> {
     unreachable!("under Autodiff the cache stays in tensors")
+}
+
+/// The paged entry under `Autodiff`, never called: the layer refuses a paged call there.
+fn unpaged<B: Backend>(_: PagedInputs<'_, B>) -> Tensor<B, 3> {
+    unreachable!("under Autodiff the paged path is refused")
 }
 
 #[cfg(test)]

@@ -172,27 +172,32 @@ pub(crate) fn cached_attention<B: Backend>(inputs: CachedInputs<'_, B>) -> Tenso
     (entry.cached)(inputs)
 }
 
-/// Causal attention of a ragged step's queries over a page pool in the CPU kernel's storage,
-/// read in place through the step's tables.
+/// The inputs of a ragged step on a kernel: the step's packed queries and one layer's pages.
 ///
 /// # Shapes
-/// - `query`: `[1, tokens, heads · head_dim]`; output the same
+/// - `query`: `[1, tokens, heads · head_dim]`, the step's sequences one after another
+pub(crate) struct PagedInputs<'a, B: Backend> {
+    pub query: Tensor<B, 3>,
+    pub pages: &'a PagedStorage<B>,
+    pub step: &'a crate::paged::RaggedStep,
+    pub heads: usize,
+    pub scores: ScoreRule<B>,
+}
+
+/// Causal attention of a ragged step's queries over a page pool in the storage of `B`'s
+/// kernel, read in place through the step's tables.
+///
+/// # Shapes
+/// - output: `[1, tokens, heads · head_dim]`
 ///
 /// # Panics
-/// When the pages are not in host storage (the layer asks [`Kernel::reads_pages`] first, as
-/// [`PagedStorage::zeros`] does).
-pub(crate) fn paged_attention<B: Backend>(
-    query: Tensor<B, 3>,
-    pages: &PagedStorage<B>,
-    step: &crate::paged::RaggedStep,
-    heads: usize,
-    scores: ScoreRule<B>,
-) -> Tensor<B, 3> {
-    let PagedStorage::CpuHost(host) = pages else {
-        unreachable!("pages the CPU kernel reads are in host storage")
-    };
-    Kernel::Cpu.count_call();
-    cpu::paged(query, host, step, heads, scores)
+/// When no kernel of `B` reads pages (the layer asks [`Kernel::reads_pages`] first).
+pub(crate) fn paged_attention<B: Backend>(inputs: PagedInputs<'_, B>) -> Tensor<B, 3> {
+    let entry = backends::entry_points::<B>()
+        .filter(|_| Kernel::reads_pages::<B>())
+        .expect("the layer checked that B's kernel reads pages");
+    entry.kernel.count_call();
+    (entry.paged)(inputs)
 }
 
 /// `value` as the type it is known (by its `TypeId`) to be.

@@ -13,9 +13,10 @@ use crate::paged::{PageCopy, RaggedStep};
 /// A layer's keys and values for every page of a pool.
 ///
 /// # Shapes
-/// - `CpuHost`: `[pages, kv_heads, page_size, head_dim]`, the layout the CPU kernel reads in
-///   place
-/// - `Tensors`: keys, values `[pages, page_size, kv_heads · head_dim]`
+/// - `CpuHost`: `[kv_heads, pages · page_size, head_dim]` (one sequence of every page's
+///   positions), the layout the CPU kernel reads in place
+/// - `Tensors`: keys, values `[pages, page_size, kv_heads · head_dim]`, which the GPU kernel
+///   reads as one `[pages · page_size, kv_heads · head_dim]` pool
 #[derive(Debug, Clone)]
 pub(crate) enum PagedStorage<B: Backend> {
     CpuHost(HostStorage),
@@ -26,16 +27,20 @@ pub(crate) enum PagedStorage<B: Backend> {
 }
 
 impl<B: Backend> PagedStorage<B> {
-    /// Zeroed storage for `pages` pages: in host memory where `B`'s kernel reads pages in place,
-    /// else in tensors.
+    /// Zeroed storage for `pages` pages: in host memory for the CPU kernel, else in tensors.
     pub(crate) fn zeros(
         [pages, page_size, kv_heads, head_dim]: [usize; 4],
         device: &B::Device,
         dtype: DType,
     ) -> Self {
-        if Kernel::reads_pages::<B>() {
+        if Kernel::of::<B>() == Some(Kernel::Cpu) && Kernel::reads_pages::<B>() {
+            // One sequence of every page's positions: each head's pages side by side.
             return Self::CpuHost(HostStorage::zeros(
-                dtype, pages, kv_heads, page_size, head_dim,
+                dtype,
+                1,
+                kv_heads,
+                pages * page_size,
+                head_dim,
             ));
         }
         let zeros = || Tensor::zeros([pages, page_size, kv_heads * head_dim], (device, dtype));
@@ -46,11 +51,13 @@ impl<B: Backend> PagedStorage<B> {
     }
 
     /// Copies each shared page over its sequence's own copy.
-    pub(crate) fn copy_pages(&mut self, copies: &[PageCopy]) {
+    pub(crate) fn copy_pages(&mut self, copies: &[PageCopy], page_size: usize) {
         for &PageCopy { from, to } in copies {
             let (from, to) = (from as usize, to as usize);
             match self {
-                Self::CpuHost(host) => host.copy_sequence(from, to),
+                Self::CpuHost(host) => {
+                    host.copy_positions(from * page_size..(from + 1) * page_size, to * page_size)
+                }
                 Self::Tensors { keys, values } => {
                     for tensor in [keys, values] {
                         let [_, size, width] = tensor.dims();
@@ -76,7 +83,10 @@ impl<B: Backend> PagedStorage<B> {
                     .iter()
                     .enumerate()
                     .flat_map(|(sequence, s)| (0..s.new).map(move |token| (sequence, token)))
-                    .map(|(sequence, token)| step.place(sequence, token))
+                    .map(|(sequence, token)| {
+                        let (page, slot) = step.place(sequence, token);
+                        (0, page * step.page_size() + slot)
+                    })
                     .collect();
                 host.write_places(keys, values, &places);
             }

@@ -8,7 +8,7 @@ use super::project::HeadLayout;
 use crate::attend;
 use crate::error::AttentionError;
 use crate::heads::merge_heads;
-use crate::kernels::{self, Kernel};
+use crate::kernels::{self, Kernel, PagedInputs};
 use crate::paged::{LayerPages, PagePool, RaggedStep};
 use crate::rope::Positions;
 
@@ -47,9 +47,9 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// for a decoding step, a chunk of a prompt, a whole prompt) after its own cached positions,
     /// their tokens packed along one axis with no padding. Each sequence's new keys and values
     /// are written into the pages `step` reserved for them in `pages`; each new token attends
-    /// to its own sequence's positions up to itself, read where they lie in the pages (on the
-    /// CPU kernel; elsewhere each sequence's pages are gathered first, and the first call says
-    /// so on stderr). Sequence by sequence the output is what [`forward_cached`](Self::forward_cached)
+    /// to its own sequence's positions up to itself, read where they lie in the pages (by either
+    /// kernel; on a backend without one each sequence's pages are gathered first, and the first
+    /// call says so on stderr). Sequence by sequence the output is what [`forward_cached`](Self::forward_cached)
     /// gives for that sequence alone.
     ///
     /// Rotary positions are each token's position in its sequence. Inference only: under
@@ -98,12 +98,18 @@ impl<B: Backend> MultiHeadAttention<B> {
             });
         }
         let positions = Positions::Given(step.positions(&x.device()));
-        pages.storage.copy_pages(step.copies());
+        pages.storage.copy_pages(step.copies(), step.page_size());
         // [1, tokens, heads · head_dim]
         let context = if Kernel::reads_pages::<B>() {
             let [q, k, v] = self.project_side_by_side(x, &positions);
             pages.storage.write(step, k, v);
-            kernels::paged_attention(q, &pages.storage, step, self.num_heads, self.score_rule())
+            kernels::paged_attention(PagedInputs {
+                query: q,
+                pages: &pages.storage,
+                step,
+                heads: self.num_heads,
+                scores: self.score_rule(),
+            })
         } else {
             kernels::warn_gathering_pages::<B>();
             let [q, k, v] = self.project(x, &positions, HeadLayout::Split);

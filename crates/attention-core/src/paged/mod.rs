@@ -30,10 +30,11 @@ pub use step::{PageCopy, RaggedStep, SequenceStep};
 /// its new positions into the pages the pool reserved for them and never allocates.
 ///
 /// Where the backend has the CPU kernel (ndarray, burn-flex) the pages are host memory the
-/// kernel reads in place; elsewhere Burn tensors, from which each sequence's pages are gathered.
+/// kernel reads in place; elsewhere Burn tensors, which the GPU kernel reads in place (wgpu,
+/// CUDA) and other backends gather each sequence's pages from.
 ///
 /// # Shapes
-/// - keys, values: `[pages, kv_heads, page_size, head_dim]` (host memory) or `[pages,
+/// - keys, values: `[kv_heads, pages · page_size, head_dim]` (host memory) or `[pages,
 ///   page_size, kv_heads · head_dim]` (tensors)
 #[derive(Debug, Clone)]
 pub struct LayerPages<B: Backend> {

@@ -7,8 +7,8 @@
 use crate::common::{randn, seeded_layer};
 
 use attention_core::{
-    AttentionError, KvCache, MultiHeadAttention, MultiHeadAttentionConfig, PagePool, PageTable,
-    RaggedStep, RopeConfig,
+    AttentionError, Kernel, KvCache, MultiHeadAttention, MultiHeadAttentionConfig, PagePool,
+    PageTable, RaggedStep, RopeConfig,
 };
 use burn::prelude::*;
 
@@ -103,10 +103,19 @@ impl<B: Backend> Run<B> {
                 input.clone().narrow(1, *fed, new)
             })
             .collect();
+        // ndarray, flex and wgpu all have a kernel that reads the pages in place.
+        let kernel = Kernel::of::<B>().expect("each backend here has a kernel");
+        assert!(Kernel::reads_pages::<B>());
+        let calls = kernel.calls();
         let output = self
             .layer
             .forward_paged(Tensor::cat(chunks.clone(), 1), &ragged, &mut self.pages)
             .unwrap();
+        assert_eq!(
+            kernel.calls(),
+            calls + 1,
+            "{what}: one kernel call reads the pages"
+        );
         for (index, (&(s, new), chunk)) in step.iter().zip(chunks).enumerate() {
             let want = self
                 .layer

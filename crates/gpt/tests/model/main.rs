@@ -5,8 +5,10 @@
 //! - `checkpoint`: round trips, config/weight disagreements, mutated files.
 //! - `documents`: packed documents train as one document per row (loss and gradients), and
 //!   documents that do not fit are refused (`packed`: the check, shared with `packed_f64.rs`).
+//! - `paged`: ragged steps over a page pool give each sequence's logits and greedy tokens alone.
 
 mod checkpoint;
 mod documents;
 mod packed;
+mod paged;
 mod whole;

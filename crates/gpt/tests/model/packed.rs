@@ -102,7 +102,12 @@ fn with_own_weights<B: Backend>(model: Decoder<B>, seed: u64) -> Decoder<B> {
 
 /// The book's GPT: learned positions, LayerNorm, gated GELU.
 pub fn learned_positions<B: Backend>(device: &B::Device) -> Decoder<B> {
-    let model = GptConfig::new(VOCAB, SEQ, 16, 2, 2)
+    book_gpt(device, SEQ)
+}
+
+/// The book's GPT with `context` positions.
+pub fn book_gpt<B: Backend>(device: &B::Device, context: usize) -> Decoder<B> {
+    let model = GptConfig::new(VOCAB, context, 16, 2, 2)
         .with_qkv_bias(true)
         .init(device);
     with_own_weights(model, 11)
@@ -111,17 +116,27 @@ pub fn learned_positions<B: Backend>(device: &B::Device) -> Decoder<B> {
 /// A Llama-style decoder: rotary positions, grouped key/value heads, RMSNorm, SwiGLU, a tied
 /// LM head.
 pub fn rotary_positions<B: Backend>(device: &B::Device) -> Decoder<B> {
+    llama_style(device, SEQ, [None, None])
+}
+
+/// The Llama-style decoder with `context` positions, each of its two blocks attending with its
+/// own sliding window (or none): Gemma's and Qwen's models window some layers only.
+pub fn llama_style<B: Backend>(
+    device: &B::Device,
+    context: usize,
+    windows: [Option<usize>; 2],
+) -> Decoder<B> {
     let (width, hidden) = (16, 32);
     let norm = || Norm::Rms(RmsNormConfig::new(width).init(device));
     let linear = |i, o| LinearConfig::new(i, o).with_bias(false).init(device);
-    let attention = MultiHeadAttentionConfig::new(width, width, SEQ, 4)
+    let attention = MultiHeadAttentionConfig::new(width, width, context, 4)
         .with_num_kv_heads(Some(2))
         .with_output_bias(false)
         .with_rope(Some(RopeConfig::new()));
-    let block = || {
+    let block = |window| {
         DecoderBlock::pre_norm(
             norm(),
-            attention.init(device),
+            attention.clone().with_sliding_window(window).init(device),
             norm(),
             Mlp::Gated(GatedMlp {
                 gate: linear(width, hidden),
@@ -138,7 +153,7 @@ pub fn rotary_positions<B: Backend>(device: &B::Device) -> Decoder<B> {
         embedding_scale: None,
         position_embedding: None,
         dropout: DropoutConfig::new(0.0).init(),
-        blocks: (0..2).map(|_| block()).collect(),
+        blocks: windows.into_iter().map(block).collect(),
         final_norm: norm(),
         lm_head: None,
         logit_softcap: None,

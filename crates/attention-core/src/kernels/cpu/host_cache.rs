@@ -79,7 +79,7 @@ impl<E: KernelFloat> HostKv<E> {
     }
 
     /// Writes one position's `[kv_heads · head_dim]` key and value at slot `slot` of sequence
-    /// (or page) `sequence`.
+    /// `sequence`.
     fn write_slot(&mut self, sequence: usize, slot: usize, key: &[E], value: &[E]) {
         let (kv_heads, head_dim, allocated) = (self.kv_heads, self.head_dim, self.allocated);
         for (to, from) in [(&mut self.keys, key), (&mut self.values, value)] {
@@ -90,11 +90,13 @@ impl<E: KernelFloat> HostKv<E> {
         }
     }
 
-    /// Copies every slot of sequence (or page) `from` over those of `to`.
-    fn copy_sequence(&mut self, from: usize, to: usize) {
-        let len = self.kv_heads * self.allocated * self.head_dim;
+    /// Copies slots `from` of every sequence and head over the slots from `to` on.
+    fn copy_slots(&mut self, from: std::ops::Range<usize>, to: usize) {
+        let head_dim = self.head_dim;
         for data in [&mut self.keys, &mut self.values] {
-            data.copy_within(from * len..(from + 1) * len, to * len);
+            for head in data.chunks_mut(self.allocated * head_dim) {
+                head.copy_within(from.start * head_dim..from.end * head_dim, to * head_dim);
+            }
         }
     }
 
@@ -225,8 +227,8 @@ impl HostStorage {
 }
 
 impl HostStorage {
-    /// Writes the keys and values of a step's tokens, token `i` at `places[i]`, a `(sequence or
-    /// page, slot)`.
+    /// Writes the keys and values of a step's tokens, token `i` at `places[i]`, a `(sequence,
+    /// slot)`.
     ///
     /// # Shapes
     /// - `keys`, `values`: `[1, tokens, kv_heads · head_dim]`
@@ -262,9 +264,9 @@ impl HostStorage {
         }
     }
 
-    /// Copies sequence (or page) `from` over `to`.
-    pub fn copy_sequence(&mut self, from: usize, to: usize) {
-        with_host_kv!(self, kv => kv.copy_sequence(from, to))
+    /// Copies slots `from` of every sequence and head over the slots from `to` on.
+    pub fn copy_positions(&mut self, from: std::ops::Range<usize>, to: usize) {
+        with_host_kv!(self, kv => kv.copy_slots(from, to))
     }
 }
 

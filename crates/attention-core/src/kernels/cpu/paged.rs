@@ -8,22 +8,28 @@ use rayon::prelude::*;
 use super::host_cache::{HostStorage, with_host_kv};
 use super::kernel::{self, Dims, Inputs, KernelFloat, KeyRows, Pages};
 use super::op::scoring;
-use crate::paged::RaggedStep;
+use crate::kernels::{PagedInputs, PagedStorage};
 use crate::score_rule::{ScoreRule, scale_for};
 
-/// Causal attention of a ragged step's packed queries, each sequence over its own pages.
+/// Causal attention of a ragged step's packed queries, each sequence over its own pages in host
+/// memory (`Bare`, which `B` is, is the kernel list's entry shape).
 ///
 /// # Shapes
-/// - `query`: `[1, tokens, heads · head_dim]`, the step's sequences one after another
-/// - `pages`: `[pages, kv_heads, page_size, head_dim]`
+/// - `inputs.query`: `[1, tokens, heads · head_dim]`, the step's sequences one after another
+/// - host pages: `[kv_heads, pages · page_size, head_dim]`
 /// - output: `[1, tokens, heads · head_dim]`
-pub(crate) fn paged<B: Backend>(
-    query: Tensor<B, 3>,
-    pages: &HostStorage,
-    step: &RaggedStep,
-    heads: usize,
-    scores: ScoreRule<B>,
-) -> Tensor<B, 3> {
+#[allow(clippy::extra_unused_type_parameters)]
+pub(crate) fn paged<B: Backend, Bare>(inputs: PagedInputs<'_, B>) -> Tensor<B, 3> {
+    let PagedStorage::CpuHost(pages) = inputs.pages else {
+        unreachable!("the CPU kernel's pages are host memory")
+    };
+    let PagedInputs {
+        query,
+        step,
+        heads,
+        scores,
+        ..
+    } = inputs;
     let device = query.device();
     let [_, tokens, width] = query.dims();
     let query = query.into_data();
@@ -65,8 +71,8 @@ pub(crate) fn paged<B: Backend>(
                     key_rows: KeyRows::Pages(Pages {
                         tables: table,
                         per_sequence,
-                        size: kv.allocated,
-                        count: kv.batch,
+                        size: step.page_size(),
+                        count: step.pool_pages(),
                     }),
                     key_padding: None,
                     documents: None,

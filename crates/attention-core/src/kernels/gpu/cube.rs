@@ -59,6 +59,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
             tensors.value.clone().into_tensor_arg(),
             tensors.padding_arg(),
             tensors.documents_arg(),
+            tensors.pages_arg(),
             sinks.into_tensor_arg(),
             output.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
@@ -174,7 +175,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
 }
 
 /// The kernels' inputs, contiguous (the kernels index rows by hand); a kernel without padding
-/// gets the query in its place, and one without documents an `f32` scalar, never read.
+/// gets the query in its place, and one without documents or pages an `f32` scalar, never read.
 struct Contiguous<R: CubeRuntime> {
     query: CubeTensor<R>,
     key: CubeTensor<R>,
@@ -183,6 +184,9 @@ struct Contiguous<R: CubeRuntime> {
     has_padding: bool,
     documents: CubeTensor<R>,
     has_documents: bool,
+    pages: CubeTensor<R>,
+    /// Page ids per sequence; 0 without pages.
+    table_len: usize,
 }
 
 impl<R: CubeRuntime> Contiguous<R> {
@@ -192,17 +196,23 @@ impl<R: CubeRuntime> Contiguous<R> {
         let query = into_contiguous(tensors.query);
         let has_padding = tensors.key_padding.is_some();
         let has_documents = tensors.documents.is_some();
-        let no_documents = || {
+        let none = || {
             let (client, device) = (query.client.clone(), query.device.clone());
             empty_device_dtype::<R>(client, device, Shape::new([1]), DType::F32)
         };
+        let table_len = tensors
+            .pages
+            .as_ref()
+            .map_or(0, |pages| pages.meta.shape()[1]);
         Self {
+            pages: tensors.pages.map_or_else(none, into_contiguous),
+            table_len,
             key: into_contiguous(tensors.key),
             value: into_contiguous(tensors.value),
             key_padding: tensors
                 .key_padding
                 .map_or_else(|| query.clone(), into_contiguous),
-            documents: tensors.documents.map_or_else(no_documents, into_contiguous),
+            documents: tensors.documents.map_or_else(none, into_contiguous),
             query,
             has_padding,
             has_documents,
@@ -215,6 +225,10 @@ impl<R: CubeRuntime> Contiguous<R> {
 
     fn documents_arg(&self) -> TensorArg<R> {
         self.documents.clone().into_tensor_arg()
+    }
+
+    fn pages_arg(&self) -> TensorArg<R> {
+        self.pages.clone().into_tensor_arg()
     }
 }
 
@@ -284,5 +298,7 @@ fn geometry<R: CubeRuntime>(
         tensors.has_documents.into(),
         call.key_splits as u32,
         call.keys.div_ceil(call.key_splits) as u32,
+        call.page_size as u32,
+        tensors.table_len as u32,
     )
 }

@@ -67,7 +67,7 @@ impl<B: FusionBackend + FlashBackend> FlashBackend for Fusion<B> {
     }
 }
 
-/// The query, key, value, padding and documents, in the order the operation reads them.
+/// The query, key, value, padding, documents and pages, in the order the operation reads them.
 fn inputs<R: FusionRuntime, B: FusionBackend<FusionRuntime = R>>(
     tensors: FlashTensors<Fusion<B>>,
 ) -> impl Iterator<Item = FusionTensor<R>> {
@@ -75,6 +75,7 @@ fn inputs<R: FusionRuntime, B: FusionBackend<FusionRuntime = R>>(
         .into_iter()
         .chain(tensors.key_padding)
         .chain(tensors.documents)
+        .chain(tensors.pages)
 }
 
 /// Which of [`FlashTensors`]' optional tensors a call was given.
@@ -82,6 +83,7 @@ fn inputs<R: FusionRuntime, B: FusionBackend<FusionRuntime = R>>(
 struct Given {
     padding: bool,
     documents: bool,
+    pages: bool,
 }
 
 impl Given {
@@ -89,6 +91,7 @@ impl Given {
         Self {
             padding: tensors.key_padding.is_some(),
             documents: tensors.documents.is_some(),
+            pages: tensors.pages.is_some(),
         }
     }
 }
@@ -96,10 +99,11 @@ impl Given {
 /// Which kernel call an operation makes, and which optional inputs it was given.
 #[derive(Debug, Clone, Copy)]
 enum Pass {
-    /// Inputs: query, key, value, [padding], [documents], [sinks]; outputs: output, lse.
+    /// Inputs: query, key, value, [padding], [documents], [pages], [sinks]; outputs: output,
+    /// lse.
     Forward { given: Given, has_sinks: bool },
-    /// Inputs: query, key, value, [padding], [documents], output gradient, lse, delta; outputs:
-    /// the query, key and value gradients.
+    /// Inputs: query, key, value, [padding], [documents], [pages], output gradient, lse, delta;
+    /// outputs: the query, key and value gradients.
     Backward { given: Given },
 }
 
@@ -131,6 +135,7 @@ impl<B: FusionBackend + FlashBackend> Operation<B::FusionRuntime> for FlashOpera
             value: next(),
             key_padding: given.padding.then(&mut next),
             documents: given.documents.then(&mut next),
+            pages: given.pages.then(&mut next),
         };
         let outputs: Vec<FloatTensor<B>> = match self.pass {
             Pass::Forward { given, has_sinks } => {

@@ -27,7 +27,7 @@ mod tiling;
 use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
 
-pub(crate) use op::{cached, end_step, forward, on_autodiff};
+pub(crate) use op::{cached, end_step, forward, on_autodiff, paged};
 
 /// The sizes and score rule of one kernel call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -48,6 +48,9 @@ pub(crate) struct FlashCall {
     pub softcap: Option<f32>,
     /// Into how many parts the forward pass splits the keys (flash-decoding; 1: none).
     pub key_splits: usize,
+    /// Positions per page where the keys are a page pool read through
+    /// [`FlashTensors::pages`] (forward pass only); 0: rows of the key and value tensors.
+    pub page_size: usize,
     /// How the kernels' blocks and tiles are chosen.
     pub tiles: tiling::TileRule,
 }
@@ -60,6 +63,7 @@ pub(crate) struct FlashCall {
 /// - `key_padding`: `[batch, keys]`, `1` = padding, in the query's float type
 /// - `documents`: `[batch, keys, 2]`, each position's document `[start, end)`, `f32`, where the
 ///   sequences are packed from documents (then `queries == keys`)
+/// - `pages`: `[batch, table_len]`, with `key` and `value` a page pool (see the field)
 #[derive(Debug, Clone)]
 pub(crate) struct FlashTensors<B: Backend> {
     pub query: FloatTensor<B>,
@@ -67,6 +71,9 @@ pub(crate) struct FlashTensors<B: Backend> {
     pub value: FloatTensor<B>,
     pub key_padding: Option<FloatTensor<B>>,
     pub documents: Option<FloatTensor<B>>,
+    /// Each sequence's page ids, `[batch, table_len]` in `f32` (exact to 2²⁴ pages), where the
+    /// key and value tensors are a page pool `[1, pages · page_size, kv_heads · head_dim]`.
+    pub pages: Option<FloatTensor<B>>,
 }
 
 /// What the backward pass reads beyond [`FlashTensors`].

@@ -15,7 +15,7 @@ use burn::tensor::{Bool, DType, TensorData, TensorPrimitive};
 use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors};
 use crate::documents::Documents;
 use crate::kernels::inputs::KernelInputs;
-use crate::kernels::{CachedInputs, KvStorage, same_type};
+use crate::kernels::{CachedInputs, KvStorage, PagedInputs, PagedStorage, same_type};
 
 /// The kernel's forward pass on `Bare`, which `B` is.
 pub(crate) fn forward<B: Backend, Bare: FlashBackend>(inputs: KernelInputs<B>) -> Tensor<B, 3> {
@@ -76,6 +76,7 @@ fn prepared<B: Backend>(
         scale: inputs.scores.scale_for(head_dim) as f32,
         softcap: inputs.scores.softcap.map(|cap| cap as f32),
         key_splits: 1,
+        page_size: 0,
         tiles: super::tiling::TileRule::Auto,
     };
     let tensors = FlashTensors {
@@ -86,6 +87,7 @@ fn prepared<B: Backend>(
         documents: inputs
             .documents
             .map(|documents| spans::<B>(&documents, &device)),
+        pages: None,
     };
     (tensors, inputs.scores.sinks, call)
 }
@@ -242,6 +244,67 @@ pub(crate) fn cached<B: Backend, Bare: FlashBackend>(inputs: CachedInputs<'_, B>
     same_type(Tensor::<Bare, 3>::from_primitive(TensorPrimitive::Float(
         output,
     )))
+}
+
+/// A ragged step over a page pool on the device (`PagedStorage::Tensors`), on `Bare`, which `B`
+/// is: each sequence's new queries over its keys and values read where they lie in the pool,
+/// through its table, one launch a sequence (its keys split as a decoding step's are). The
+/// tables go up once per call.
+///
+/// # Shapes
+/// - `inputs.query`: `[1, tokens, heads · head_dim]`; output the same
+pub(crate) fn paged<B: Backend, Bare: FlashBackend>(inputs: PagedInputs<'_, B>) -> Tensor<B, 3> {
+    let PagedStorage::Tensors { keys, values } = inputs.pages else {
+        unreachable!("the GPU kernel's pages are device tensors")
+    };
+    let [pages, page_size, kv_width] = keys.dims();
+    let pool = |tensor: &Tensor<B, 3>| tensor.clone().reshape([1, pages * page_size, kv_width]);
+    let step = inputs.step;
+    let (table_ids, table_len) = step.tables();
+    let sequences = step.sequences().len();
+    let device = inputs.query.device();
+    let tables: Vec<f32> = table_ids.iter().map(|&page| page as f32).collect();
+    let tables = Tensor::<B, 2>::from_data(
+        TensorData::new(tables, [sequences, table_len]),
+        (&device, DType::F32),
+    );
+    let head_dim = inputs.query.dims()[2] / inputs.heads;
+    let outputs = step
+        .sequences()
+        .iter()
+        .enumerate()
+        .map(|(index, sequence)| {
+            let query = inputs
+                .query
+                .clone()
+                .narrow(1, step.offsets()[index], sequence.new);
+            let one = KernelInputs {
+                query,
+                key: pool(keys),
+                value: pool(values),
+                heads: inputs.heads,
+                kv_heads: kv_width / head_dim,
+                window: step.window(),
+                key_padding: None,
+                documents: None,
+                scores: inputs.scores.clone(),
+            };
+            let (mut tensors, sinks, call) = prepared(same_type::<_, KernelInputs<Bare>>(one));
+            let table = tables.clone().narrow(0, index, 1);
+            tensors.pages = Some(float(same_type::<_, Tensor<Bare, 2>>(table)));
+            let keys = sequence.keys();
+            let call = FlashCall {
+                keys,
+                page_size,
+                key_splits: decode_splits(call.heads, call.queries, keys),
+                ..call
+            };
+            let [output, _] = Bare::flash_forward(tensors, sinks.map(float), call);
+            same_type(Tensor::<Bare, 3>::from_primitive(TensorPrimitive::Float(
+                output,
+            )))
+        });
+    Tensor::cat(outputs.collect(), 1)
 }
 
 /// Ends a layer's decoding step on `Bare`, which `B` is: on Burn's fusion backends the stream

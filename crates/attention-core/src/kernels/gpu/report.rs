@@ -196,13 +196,15 @@ fn simt_kernel(
         packed: (),
         splits: (),
         split_len: (),
+        page_size: (),
+        table_len: (),
     };
     // One `tensor()` per tensor of the kernel, in its order; the kernels differ in how many.
     #[rustfmt::skip]
     let kernel: Box<dyn CubeKernel> = match pass {
         Pass::Forward => Box::new(simt::flash_forward::FlashForward::<WgpuRuntime>::new(
             settings, client, tensor(), tensor(), tensor(), tensor(), tensor(), tensor(), tensor(),
-            tensor(), geometry, vector, tiling, [storage, storage],
+            tensor(), tensor(), geometry, vector, tiling, [storage, storage],
         )),
         Pass::QueryGrad => Box::new(simt::flash_query_grad::FlashQueryGrad::<WgpuRuntime>::new(
             settings, client, tensor(), tensor(), tensor(), tensor(), tensor(), tensor(), tensor(),

@@ -86,6 +86,7 @@ impl Case {
             scale: self.scale() as f32,
             softcap: self.scored.then_some(5.0),
             key_splits,
+            page_size: 0,
             tiles,
         }
     }
@@ -354,6 +355,7 @@ fn tensors(case: &Case, inputs: &Inputs, dtype: DType, device: &WgpuDevice) -> F
         documents: case
             .spans()
             .map(|spans| tensor(&spans, [b, case.keys, 2], DType::F32, device)),
+        pages: None,
     }
 }
 

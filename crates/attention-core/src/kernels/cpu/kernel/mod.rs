@@ -258,9 +258,10 @@ pub enum KeyRows<'a> {
 
 /// A page pool's keys or values and the tables that map each sequence's positions to its pages.
 ///
-/// The buffers are `[pages, kv_heads, size, head_dim]`: within a page each head's positions lie
-/// side by side, as in a cache's head-major storage. A block of keys never spans two pages
-/// ([`Inputs::key_blocks`]), so each block is one contiguous `[cols, head_dim]` matrix.
+/// The buffers are `[kv_heads, pages, size, head_dim]`: each head's pages lie side by side, so
+/// a decoding task, which reads one head, streams through consecutive pages as through a dense
+/// cache's head-major rows. A block of keys never spans two pages ([`Inputs::key_blocks`]), so
+/// each block is one contiguous `[cols, head_dim]` matrix.
 ///
 /// # Shapes
 /// - `tables`: `[batch, per_sequence]` page ids, of which the first `ceil(keys / size)` are read
@@ -294,7 +295,7 @@ impl KeyRows<'_> {
 /// - `query`: `[batch, queries, heads, head_dim]`
 /// - `key`, `value`: `[batch, per_sequence, kv_heads, head_dim]` (or `[batch, kv_heads,
 ///   per_sequence, head_dim]`), of which rows `first ..` are the call's `keys`; or a page
-///   pool's `[pages, kv_heads, size, head_dim]` (see [`KeyRows`])
+///   pool's `[kv_heads, pages, size, head_dim]` (see [`KeyRows`])
 /// - `key_padding`: `[batch, keys]`, `true` = padding (never attended to)
 /// - `documents`: `[batch, keys, 2]`
 #[derive(Debug, Clone, Copy)]
@@ -517,7 +518,7 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
         let (index, slot) = (cols.start / pages.size, cols.start % pages.size);
         debug_assert!(slot + cols.len() <= pages.size, "a block spans two pages");
         let page = pages.tables[batch * pages.per_sequence + index] as usize;
-        let start = ((page * self.dims.kv_heads + kv_head) * pages.size + slot) * head_dim;
+        let start = ((kv_head * pages.count + page) * pages.size + slot) * head_dim;
         ArrayView2::from_shape(
             (cols.len(), head_dim),
             &data[start..start + cols.len() * head_dim],

@@ -658,7 +658,7 @@ fn keys_in_pages_are_read_through_the_tables() {
                     for j in 0..dims.keys {
                         let page = tables[b * per_sequence + j / size] as usize;
                         for h in 0..dims.kv_heads {
-                            let to = ((page * dims.kv_heads + h) * size + j % size) * dims.head_dim;
+                            let to = ((h * count + page) * size + j % size) * dims.head_dim;
                             let from = ((b * dims.keys + j) * dims.kv_heads + h) * dims.head_dim;
                             pool[to..to + dims.head_dim]
                                 .copy_from_slice(&packed[from..from + dims.head_dim]);

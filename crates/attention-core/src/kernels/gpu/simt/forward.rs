@@ -19,6 +19,8 @@ use super::{
 ///   `key_first ..`
 /// - `key_padding`: `[batch, keys]`, `1` = padding (read when `geometry.padded`)
 /// - `documents`: `[batch, keys, 2]`, each position's document (read when `geometry.packed`)
+/// - `tables`: `[batch, table_len]` page ids, where `key` and `value` are a page pool
+///   `[1, pages · page_size, kv_heads · head_dim]` (read when `geometry.page_size > 0`)
 /// - `sinks`: `[heads]` (read when `geometry.with_sinks`)
 /// - `output`: `[splits, batch, queries, heads · head_dim]`, each split's output normalized over
 ///   its own keys
@@ -31,6 +33,7 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
     value: &Tensor<Vector<F, N>>,
     key_padding: &Tensor<F>,
     documents: &Tensor<f32>,
+    tables: &Tensor<f32>,
     sinks: &Tensor<F>,
     output: &mut Tensor<Vector<O, N>>,
     lse: &mut Tensor<f32>,
@@ -87,7 +90,11 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
     let key_source = KeySource::new(&geometry, &unit);
     let mut start = key_start;
     while start < key_end {
-        kv.load(key, value, key_padding, &key_source, start, key_end, sizes);
+        if geometry.page_size > 0 {
+            kv.load_paged(key, value, tables, &key_source, start, key_end, sizes);
+        } else {
+            kv.load(key, value, key_padding, &key_source, start, key_end, sizes);
+        }
         sync_cube();
 
         // Scores: the unit's rows against its keys `lane + j · lanes`.

@@ -163,6 +163,11 @@ pub struct Geometry {
     /// `keys` without.
     pub splits: u32,
     pub split_len: u32,
+    /// Positions per page when the keys and values are a page pool read through each
+    /// sequence's table (the tables tensor then holds `table_len` page ids per sequence); 0 when
+    /// they are rows of the key and value tensors, and the tables tensor is not read.
+    pub page_size: u32,
+    pub table_len: u32,
 }
 
 /// Where a unit works, and the sizes of the call it indexes by: what every kernel of this tier
@@ -447,6 +452,38 @@ pub fn load_rows<F: Float, N: Size>(
     }
 }
 
+/// [`load_rows`] for keys `from.first_row ..` of a sequence whose table starts at entry `table`
+/// of `tables`: each key's row is `page · page_size + key % page_size` of `source`, a page pool
+/// `[pages · page_size, kv_heads · head_dim]`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn load_paged_rows<F: Float, N: Size>(
+    source: &Tensor<Vector<F, N>>,
+    tile: &mut SharedMemory<Vector<F, N>>,
+    tables: &Tensor<f32>,
+    table: u32,
+    from: &HeadRows,
+    geometry: &Geometry,
+    #[comptime] rows: u32,
+    #[comptime] sizes: KernelSizes,
+) {
+    let total = comptime!(rows * sizes.vectors);
+    let mut at = UNIT_POS_X;
+    while at < total {
+        let row = at / sizes.vectors;
+        let vector = at % sizes.vectors;
+        let mut value = Vector::<F, N>::new(F::new(0.0));
+        if row < from.count && vector < from.head_vectors {
+            let key = from.first_row + row;
+            let page = u32::cast_from(tables[(table + key / geometry.page_size) as usize]);
+            let stored = page * geometry.page_size + key % geometry.page_size;
+            value = source[(stored * from.row_vectors + from.column + vector) as usize];
+        }
+        tile[(row * sizes.stride + vector) as usize] = value;
+        at += sizes.units;
+    }
+}
+
 /// One sequence's key/value head: the keys a [`KeyTile`] loads.
 #[derive(CubeType, Clone, Copy)]
 pub struct KeySource {
@@ -529,6 +566,53 @@ impl<F: Float, N: Size> KeyTile<F, N> {
                 sizes.units,
             );
         }
+    }
+
+    /// [`load`](Self::load) for keys in a page pool: key `j` of the sequence lies at row
+    /// `j % page_size` of the page that its table names at `j / page_size` (one table read per
+    /// row; a tile's rows share a page but where it crosses one). A paged call has no padding.
+    #[allow(clippy::too_many_arguments)]
+    pub fn load_paged(
+        &mut self,
+        key: &Tensor<Vector<F, N>>,
+        value: &Tensor<Vector<F, N>>,
+        tables: &Tensor<f32>,
+        source: &KeySource,
+        start: u32,
+        end: u32,
+        #[comptime] sizes: KernelSizes,
+    ) {
+        let tile = comptime!(sizes.tile);
+        let geometry = source.geometry;
+        let head_vectors = geometry.head_dim / sizes.vector;
+        let from = HeadRows {
+            first_row: start,
+            count: min(tile, end - start),
+            row_vectors: geometry.kv_heads * head_vectors,
+            column: source.kv_head * head_vectors,
+            head_vectors,
+        };
+        let table = source.batch * geometry.table_len;
+        load_paged_rows::<F, N>(
+            key,
+            &mut self.keys,
+            tables,
+            table,
+            &from,
+            &geometry,
+            tile,
+            sizes,
+        );
+        load_paged_rows::<F, N>(
+            value,
+            &mut self.values,
+            tables,
+            table,
+            &from,
+            &geometry,
+            tile,
+            sizes,
+        );
     }
 
     /// Whether a query at `position`, whose document starts at `first_key`, sees key `column` of
