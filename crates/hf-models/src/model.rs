@@ -50,6 +50,14 @@ pub enum ModelError {
         /// The model's layers.
         layers: usize,
     },
+    /// A ragged step's page tables or steps are not one per attention kind of the model.
+    #[error("{found} page tables or steps for a model of {kinds} attention kinds")]
+    AttentionKinds {
+        /// The tables or steps given.
+        found: usize,
+        /// The model's attention kinds.
+        kinds: usize,
+    },
 }
 
 impl From<DecoderError> for ModelError {
@@ -57,6 +65,7 @@ impl From<DecoderError> for ModelError {
         match error {
             DecoderError::Attention(error) => Self::Attention(error),
             DecoderError::Caches { found, layers } => Self::Caches { found, layers },
+            DecoderError::AttentionKinds { found, kinds } => Self::AttentionKinds { found, kinds },
         }
     }
 }

@@ -2,7 +2,10 @@
 //! transformers' own classes, random weights): prompt logits, every step's logits and the greedy
 //! tokens, against `expected.safetensors`.
 
+use attention_core::PagePool;
 use burn::prelude::*;
+use burn::tensor::TensorData;
+use gpt::Logits;
 use hf_models::{CausalLm, GenerateConfig, Generation, Prompts};
 use tensor_files::{RawTensor, Tensors};
 use test_support::{backend_tests, cases_on, fixture};
@@ -208,9 +211,102 @@ fn a_padded_row_generates_what_it_generates_alone<B: Backend>(device: &B::Device
     }
 }
 
+/// Both rows of every fixture generated together over a page pool, each at its own length with
+/// no padding — row 0's prompt in two chunks, the second beside row 1's first decoded token —
+/// give transformers' greedy tokens for each row (row 1's as it generated it alone).
+fn paged_steps_generate_each_rows_tokens<B: Backend>(device: &B::Device) {
+    for model in cases_on::<B, _>(&MODELS) {
+        let expected = Expected::read(model);
+        let lm = CausalLm::<B>::load(fixture(&format!("hf/{model}")), device).unwrap();
+        let decoder = lm.decoder();
+        let (ids, shape) = expected.ints("input_ids");
+        let (mask, _) = expected.ints("attention_mask");
+        let len = shape[1];
+        let prompts: Vec<Vec<u32>> = (0..2)
+            .map(|row| {
+                (0..len)
+                    .filter(|&c| mask[row * len + c] == 1)
+                    .map(|c| ids[row * len + c] as u32)
+                    .collect()
+            })
+            .collect();
+        let (generated, generated_shape) = expected.ints("generated");
+        let (alone, _) = expected.ints("generated_unpadded_row1");
+        let new = generated_shape[1] - len;
+        let want = [
+            &generated[len..generated_shape[1]],
+            &alone[prompts[1].len()..],
+        ];
+        let mut pool = PagePool::new(16, 32).unwrap();
+        let mut pages = decoder.new_pages(&pool).unwrap();
+        let mut sequences = [decoder.new_sequence(), decoder.new_sequence()];
+        // Each row's prompt chunks: row 0's in two (where it has two tokens), row 1's whole.
+        let half = prompts[0].len() / 2;
+        let chunks = [vec![half, prompts[0].len() - half], vec![prompts[1].len()]]
+            .map(|sizes| sizes.into_iter().filter(|&n| n > 0).collect::<Vec<_>>());
+        let (mut fed, mut chunk) = ([0usize; 2], [0usize; 2]);
+        let mut tokens: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+        while tokens.iter().any(|row| row.len() < new) {
+            // (row, ids): the row's next prompt chunk, or its last token.
+            let step: Vec<(usize, Vec<u32>)> = (0..2)
+                .filter(|&row| tokens[row].len() < new)
+                .map(|row| match fed[row] < prompts[row].len() {
+                    true => {
+                        let end = fed[row] + chunks[row][chunk[row]];
+                        (row, prompts[row][fed[row]..end].to_vec())
+                    }
+                    false => (row, vec![*tokens[row].last().unwrap()]),
+                })
+                .collect();
+            let [first, second] = &mut sequences;
+            let mut held = [Some(first), Some(second)];
+            let mut reserved: Vec<_> = step
+                .iter()
+                .map(|(row, ids)| (held[*row].take().unwrap(), ids.len()))
+                .collect();
+            let steps = decoder.reserve(&mut pool, &mut reserved).unwrap();
+            let fed_ids: Vec<i64> = step
+                .iter()
+                .flat_map(|(_, ids)| ids.iter().map(|&id| i64::from(id)))
+                .collect();
+            let count = fed_ids.len();
+            let fed_ids =
+                Tensor::<B, 2, Int>::from_data(TensorData::new(fed_ids, [1, count]), device);
+            let logits = decoder
+                .forward_paged(fed_ids, &steps, &mut pages, Logits::Last)
+                .unwrap();
+            let vocab = logits.dims()[2];
+            let logits = host(logits);
+            for (index, (row, ids)) in step.into_iter().enumerate() {
+                if fed[row] < prompts[row].len() {
+                    fed[row] += ids.len();
+                    chunk[row] += 1;
+                }
+                // A prompt's last chunk, or a decoded token: its logits pick the next token.
+                if fed[row] == prompts[row].len() {
+                    let row_logits = &logits[index * vocab..(index + 1) * vocab];
+                    let next = (0..vocab)
+                        .max_by(|&a, &b| row_logits[a].total_cmp(&row_logits[b]))
+                        .unwrap();
+                    tokens[row].push(next as u32);
+                }
+            }
+        }
+        for row in 0..2 {
+            let got: Vec<i64> = tokens[row].iter().map(|&t| i64::from(t)).collect();
+            assert_eq!(got, want[row], "{model}: row {row} over pages");
+        }
+        for sequence in &mut sequences {
+            sequence.release(&mut pool);
+        }
+        assert!(pool.is_whole(), "{model}: pages left after the release");
+    }
+}
+
 backend_tests!(
     models_match_transformers,
-    a_padded_row_generates_what_it_generates_alone
+    a_padded_row_generates_what_it_generates_alone,
+    paged_steps_generate_each_rows_tokens,
 );
 
 /// On the CPU backends only: uncached generation recomputes a longer sequence at every step, and
