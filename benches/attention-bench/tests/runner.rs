@@ -324,13 +324,7 @@ fn packed_documents_are_benchmarked_and_listed() {
             "burn-nn has no documents",
         ),
     ];
-    for (extra, needle) in refusals {
-        let output = run(extra);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{extra:?}: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "{extra:?}: {stderr}");
-        assert!(stderr.contains(needle), "{extra:?}: {stderr}");
-    }
+    assert_refused(run, &refusals);
 }
 
 /// `--cache paged` times a decoding step of rows at their own `--lengths` over a page pool (our
@@ -391,6 +385,12 @@ fn paged_decoding_is_benchmarked_with_the_cache_bytes() {
         ),
         (&["--cache", "paged", "--impl", "explicit"], "--impl fused"),
     ];
+    assert_refused(run, &refusals);
+}
+
+/// Each `(flags, needle)` of `refusals`, run by `run`, is refused with exit code 2 and one line
+/// on stderr that contains `needle`.
+fn assert_refused(run: impl Fn(&[&str]) -> std::process::Output, refusals: &[(&[&str], &str)]) {
     for (extra, needle) in refusals {
         let output = run(extra);
         let stderr = String::from_utf8_lossy(&output.stderr);

@@ -502,6 +502,25 @@ impl KeySource {
             kv_head: unit.kv_head,
         }
     }
+
+    /// This head's rows of keys `start ..` (a tile's at most, up to `end`), the first at storage
+    /// row `first_row`.
+    pub fn rows(
+        &self,
+        first_row: u32,
+        start: u32,
+        end: u32,
+        #[comptime] sizes: KernelSizes,
+    ) -> HeadRows {
+        let head_vectors = self.geometry.head_dim / sizes.vector;
+        HeadRows {
+            first_row,
+            count: min(comptime!(sizes.tile), end - start),
+            row_vectors: self.geometry.kv_heads * head_vectors,
+            column: self.kv_head * head_vectors,
+            head_vectors,
+        }
+    }
 }
 
 /// A tile of keys and values in shared memory (rows padded by one vector, as [`load_rows`]
@@ -543,16 +562,10 @@ impl<F: Float, N: Size> KeyTile<F, N> {
         #[comptime] sizes: KernelSizes,
     ) {
         let tile = comptime!(sizes.tile);
-        let count = min(tile, end - start);
         let geometry = source.geometry;
-        let head_vectors = geometry.head_dim / sizes.vector;
-        let from = HeadRows {
-            first_row: source.batch * geometry.key_rows + geometry.key_first + start,
-            count,
-            row_vectors: geometry.kv_heads * head_vectors,
-            column: source.kv_head * head_vectors,
-            head_vectors,
-        };
+        let first_row = source.batch * geometry.key_rows + geometry.key_first + start;
+        let from = source.rows(first_row, start, end, sizes);
+        let count = from.count;
         load_rows::<F, N>(key, &mut self.keys, &from, tile, sizes);
         load_rows::<F, N>(value, &mut self.values, &from, tile, sizes);
         if geometry.padded == 1 {
@@ -584,14 +597,8 @@ impl<F: Float, N: Size> KeyTile<F, N> {
     ) {
         let tile = comptime!(sizes.tile);
         let geometry = source.geometry;
-        let head_vectors = geometry.head_dim / sizes.vector;
-        let from = HeadRows {
-            first_row: start,
-            count: min(tile, end - start),
-            row_vectors: geometry.kv_heads * head_vectors,
-            column: source.kv_head * head_vectors,
-            head_vectors,
-        };
+        // Rows counted in keys: `load_paged_rows` finds each one's page.
+        let from = source.rows(start, start, end, sizes);
         let table = source.batch * geometry.table_len;
         load_paged_rows::<F, N>(
             key,
