@@ -124,9 +124,9 @@ for round in $(seq "$rounds"); do
       --shape "$packed_shape"
   done
 done
-# 6. A decoding step of rows at their own lengths over a page pool (the GPU kernel reading each
-# sequence's pages in place, a launch per sequence), beside the same rows padded in a dense
-# cache, and equal lengths, paged beside dense. Tagged `paged_set`.
+# 6. A decoding step of rows at their own lengths over a page pool (the GPU kernel reading every
+# sequence's pages in place, one launch a step), beside the same rows padded in a dense cache,
+# and equal lengths, paged beside dense. Tagged `paged_set`.
 for round in $(seq "$rounds"); do
   left "paged decode round $round" || break
   for cache in paged dense; do

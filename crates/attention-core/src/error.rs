@@ -258,8 +258,11 @@ pub enum AttentionError {
         /// [`PagePool::MIN_PAGE_SIZE`](crate::PagePool::MIN_PAGE_SIZE).
         min: usize,
     },
-    /// A page pool of no pages, or of more than `u32` ids name.
-    #[error("a page pool holds 1 to {} pages, got {pages}", u32::MAX - 1)]
+    /// A page pool of no pages, or of more than [`PagePool::MAX_PAGES`](crate::PagePool::MAX_PAGES).
+    #[error(
+        "a page pool holds 1 to {} pages, got {pages}",
+        crate::PagePool::MAX_PAGES
+    )]
     PoolSize {
         /// The count asked for.
         pages: usize,

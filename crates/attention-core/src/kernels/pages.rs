@@ -8,6 +8,7 @@ use burn::tensor::DType;
 
 use super::backends::Kernel;
 use super::cpu::HostStorage;
+use crate::error::AttentionError;
 use crate::paged::{PageCopy, RaggedStep};
 
 /// A layer's keys and values for every page of a pool.
@@ -47,6 +48,15 @@ impl<B: Backend> PagedStorage<B> {
         Self::Tensors {
             keys: zeros(),
             values: zeros(),
+        }
+    }
+
+    /// Ends a layer's step over these pages, as a dense cache's ([`super::storage::end_step`]):
+    /// nothing for host pages.
+    pub(crate) fn end_step(&self) -> Result<(), AttentionError> {
+        match self {
+            Self::CpuHost(_) => Ok(()),
+            Self::Tensors { keys, .. } => super::storage::end_step::<B>(&keys.device()),
         }
     }
 

@@ -248,13 +248,7 @@ impl<B: Backend> KvStorage<B> {
             Self::Device { keys, .. } => keys.device(),
             Self::CpuHost(_) => return Ok(()),
         };
-        match super::backends::entry_points::<B>() {
-            Some(entry) => {
-                (entry.end_step)(&device);
-                Ok(())
-            }
-            None => sync::<B>(&device),
-        }
+        end_step::<B>(&device)
     }
 
     /// This storage with `new` written at slots `at ..` (in place: the storage is not shared).
@@ -298,6 +292,20 @@ impl<B: Backend> KvStorage<B> {
                 unreachable!("a tensor step is appended to tensor storage")
             }
         }
+    }
+}
+
+/// Ends a layer's decoding step on `device`: on a backend with a kernel of this crate's own, its
+/// queue runs what the step queued without the host waiting for the device
+/// ([`super::end_step`]); on any other backend (whose fusion, if it has one, this crate cannot
+/// reach) the device is synced.
+pub(crate) fn end_step<B: Backend>(device: &B::Device) -> Result<(), AttentionError> {
+    match super::backends::entry_points::<B>() {
+        Some(entry) => {
+            (entry.end_step)(device);
+            Ok(())
+        }
+        None => sync::<B>(device),
     }
 }
 

@@ -152,6 +152,8 @@ impl<B: Backend> MultiHeadAttention<B> {
                 });
             Tensor::cat(contexts.collect(), 1)
         };
-        Ok(self.project_output(context))
+        let output = self.project_output(context);
+        pages.storage.end_step()?;
+        Ok(output)
     }
 }

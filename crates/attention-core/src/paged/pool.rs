@@ -26,6 +26,8 @@ const RELEASED: u32 = u32::MAX;
 impl PagePool {
     /// The smallest page: the GPU kernel's key tile.
     pub const MIN_PAGE_SIZE: usize = 32;
+    /// The most pages a pool holds: the GPU kernel reads page ids as `f32`, exact to 2²⁴.
+    pub const MAX_PAGES: usize = 1 << 24;
     /// The page size a pool gets unless told otherwise: a CPU key block (see BENCHMARKS.md,
     /// "Paged KV cache").
     pub const DEFAULT_PAGE_SIZE: usize = 128;
@@ -33,7 +35,7 @@ impl PagePool {
     /// A pool of `pages` free pages of `page_size` positions each.
     ///
     /// Errors when `page_size` is not a power of two of at least [`MIN_PAGE_SIZE`](Self::MIN_PAGE_SIZE)
-    /// or `pages` is 0 or past `u32` ids.
+    /// or `pages` is 0 or more than [`MAX_PAGES`](Self::MAX_PAGES).
     pub fn new(pages: usize, page_size: usize) -> Result<Self, AttentionError> {
         if !page_size.is_power_of_two() || page_size < Self::MIN_PAGE_SIZE {
             return Err(AttentionError::PageSize {
@@ -41,7 +43,7 @@ impl PagePool {
                 min: Self::MIN_PAGE_SIZE,
             });
         }
-        if pages == 0 || pages >= RELEASED as usize {
+        if pages == 0 || pages > Self::MAX_PAGES {
             return Err(AttentionError::PoolSize { pages });
         }
         Ok(Self {

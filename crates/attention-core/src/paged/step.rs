@@ -1,7 +1,10 @@
 //! One step of a ragged batch over pages: what every layer of one attention kind reads.
 
+use std::any::Any;
+use std::sync::{Arc, OnceLock};
+
 use burn::prelude::*;
-use burn::tensor::TensorData;
+use burn::tensor::{DType, TensorData};
 
 use crate::documents::Documents;
 
@@ -42,7 +45,7 @@ pub struct PageCopy {
 ///
 /// # Shapes
 /// - tables: `[sequences, per_sequence]` page ids
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RaggedStep {
     page_size: usize,
     pool_pages: usize,
@@ -54,6 +57,22 @@ pub struct RaggedStep {
     copies: Vec<PageCopy>,
     /// Where each sequence's tokens start, and the end of the last.
     offsets: Vec<usize>,
+    /// The tables on a device, uploaded by the first layer that reads them there and shared by
+    /// the step's later layers (and clones).
+    uploaded: Arc<OnceLock<Arc<dyn Any + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for RaggedStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RaggedStep")
+            .field("page_size", &self.page_size)
+            .field("pool_pages", &self.pool_pages)
+            .field("window", &self.window)
+            .field("sequences", &self.sequences)
+            .field("tables", &self.tables)
+            .field("copies", &self.copies)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RaggedStep {
@@ -89,6 +108,7 @@ impl RaggedStep {
             per_sequence,
             copies,
             offsets,
+            uploaded: Arc::default(),
         }
     }
 
@@ -133,6 +153,36 @@ impl RaggedStep {
     /// Every table, `[sequences, per_sequence]` row-major, and `per_sequence`.
     pub(crate) fn tables(&self) -> (&[u32], usize) {
         (&self.tables, self.per_sequence)
+    }
+
+    /// The step for the GPU kernel, on `device`: each sequence's row holds its first token's
+    /// index on the packed axis, its new tokens, its keys, then its page ids, all `f32` (exact
+    /// to 2²⁴, as [`PagePool::MAX_PAGES`](crate::PagePool::MAX_PAGES) keeps the ids), `[sequences,
+    /// 3 + per_sequence]`. Uploaded once, by the first layer of the step that asks on that device,
+    /// and shared by the others.
+    pub(crate) fn tables_on<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2> {
+        let upload = || {
+            let width = 3 + self.per_sequence;
+            let rows: Vec<f32> = self
+                .sequences
+                .iter()
+                .enumerate()
+                .flat_map(|(index, sequence)| {
+                    let head = [self.offsets[index], sequence.new, sequence.keys()];
+                    head.into_iter()
+                        .chain(self.table(index).iter().map(|&page| page as usize))
+                        .map(|value| value as f32)
+                })
+                .collect();
+            let shape = [self.sequences.len(), width];
+            Tensor::<B, 2>::from_data(TensorData::new(rows, shape), (device, DType::F32))
+        };
+        let uploaded = self.uploaded.get_or_init(|| Arc::new(upload()));
+        match uploaded.downcast_ref::<Tensor<B, 2>>() {
+            Some(tables) if tables.device() == *device => tables.clone(),
+            // A step read on another backend or device than its first: uploaded each time.
+            _ => upload(),
+        }
     }
 
     /// The pages each layer copies before writing the step.

@@ -106,7 +106,7 @@ impl<B: Backend> Run<B> {
         // ndarray, flex and wgpu all have a kernel that reads the pages in place.
         let kernel = Kernel::of::<B>().expect("each backend here has a kernel");
         assert!(Kernel::reads_pages::<B>());
-        let calls = kernel.calls();
+        let (calls, syncs) = (kernel.calls(), attention_core::device_syncs());
         let output = self
             .layer
             .forward_paged(Tensor::cat(chunks.clone(), 1), &ragged, &mut self.pages)
@@ -115,6 +115,11 @@ impl<B: Backend> Run<B> {
             kernel.calls(),
             calls + 1,
             "{what}: one kernel call reads the pages"
+        );
+        assert_eq!(
+            attention_core::device_syncs(),
+            syncs,
+            "{what}: the step waits for nothing"
         );
         for (index, (&(s, new), chunk)) in step.iter().zip(chunks).enumerate() {
             let want = self

@@ -28,20 +28,31 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
         let splits = call.key_splits;
         let vector = vector_size(&client, &call, dtype);
         let tiling = tiling_of(&client, Pass::Forward, &call, dtype, vector);
+        // The outputs are shaped as the query: `[batch, queries, ·]`, or a ragged step's `[1,
+        // tokens, ·]` (its `call.batch` sequences, the longest of `call.queries`).
+        let [rows_batch, rows] = match call.page_size {
+            0 => [call.batch, call.queries],
+            _ => [1, query.meta.shape()[1]],
+        };
         // Split partials are kept in f32 until they are combined.
         let partial_dtype = if splits == 1 { dtype } else { DType::F32 };
         let output = empty_device_dtype::<R>(
             client.clone(),
             device.clone(),
-            Shape::new([splits, call.batch, call.queries, call.heads * call.head_dim]),
+            Shape::new([splits, rows_batch, rows, call.heads * call.head_dim]),
             partial_dtype,
         );
         let lse = empty_device_dtype::<R>(
             client.clone(),
             device.clone(),
-            Shape::new([splits, call.batch, call.queries, call.heads]),
+            Shape::new([splits, rows_batch, rows, call.heads]),
             DType::F32,
         );
+        // A ragged step's launch counts every sequence's queries together.
+        let launched = FlashCall {
+            queries: rows,
+            ..call
+        };
         let has_sinks = sinks.is_some();
         let sinks = sinks.map_or_else(|| query.clone(), into_contiguous);
         let blocks = pair_blocks(&call, &tiling);
@@ -63,7 +74,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
             sinks.into_tensor_arg(),
             output.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
-            geometry(&call, &tensors, has_sinks),
+            geometry(&launched, &tensors, has_sinks),
             tiling,
             [dtype.into(), partial_dtype.into()],
         );
@@ -77,16 +88,16 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
         let combined = empty_device_dtype::<R>(
             client.clone(),
             device.clone(),
-            Shape::new([call.batch, call.queries, call.heads * call.head_dim]),
+            Shape::new([rows_batch, rows, call.heads * call.head_dim]),
             dtype,
         );
         let combined_lse = empty_device_dtype::<R>(
             client.clone(),
             device,
-            Shape::new([call.batch, call.queries, call.heads]),
+            Shape::new([rows_batch, rows, call.heads]),
             DType::F32,
         );
-        let rows = (call.batch * call.queries * call.heads) as u32;
+        let rows = (rows_batch * rows * call.heads) as u32;
         let head_vectors = (call.head_dim / vector) as u32;
         simt::flash_combine::launch::<R>(
             &client,

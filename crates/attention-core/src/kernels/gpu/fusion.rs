@@ -30,16 +30,15 @@ impl<B: FusionBackend + FlashBackend> FlashBackend for Fusion<B> {
             given: Given::of(&tensors),
             has_sinks: sinks.is_some(),
         };
+        // Shaped as the query: `[batch, queries, ·]`, or a ragged step's `[1, tokens, ·]`.
+        let [batch, queries] = [0, 1].map(|dim| tensors.query.shape[dim]);
         let inputs = inputs(tensors).chain(sinks).collect();
         let outputs = [
             (
-                Shape::new([call.batch, call.queries, call.heads * call.head_dim]),
+                Shape::new([batch, queries, call.heads * call.head_dim]),
                 dtype,
             ),
-            (
-                Shape::new([call.batch, call.queries, call.heads]),
-                DType::F32,
-            ),
+            (Shape::new([batch, queries, call.heads]), DType::F32),
         ];
         registered::<B, 2>(pass, call, inputs, outputs)
     }

@@ -247,9 +247,10 @@ pub(crate) fn cached<B: Backend, Bare: FlashBackend>(inputs: CachedInputs<'_, B>
 }
 
 /// A ragged step over a page pool on the device (`PagedStorage::Tensors`), on `Bare`, which `B`
-/// is: each sequence's new queries over its keys and values read where they lie in the pool,
-/// through its table, one launch a sequence (its keys split as a decoding step's are). The
-/// tables go up once per call.
+/// is: one launch for every sequence, each cube's sequence, query block and split of the keys
+/// read from the step's tables, its keys and values read where they lie in the pool. The step's
+/// sequences share one count of splits (a decoding step's, from the longest), each split a share
+/// of its own sequence's keys. The tables go up once per step, shared by its layers.
 ///
 /// # Shapes
 /// - `inputs.query`: `[1, tokens, heads · head_dim]`; output the same
@@ -260,51 +261,36 @@ pub(crate) fn paged<B: Backend, Bare: FlashBackend>(inputs: PagedInputs<'_, B>) 
     let [pages, page_size, kv_width] = keys.dims();
     let pool = |tensor: &Tensor<B, 3>| tensor.clone().reshape([1, pages * page_size, kv_width]);
     let step = inputs.step;
-    let (table_ids, table_len) = step.tables();
-    let sequences = step.sequences().len();
-    let device = inputs.query.device();
-    let tables: Vec<f32> = table_ids.iter().map(|&page| page as f32).collect();
-    let tables = Tensor::<B, 2>::from_data(
-        TensorData::new(tables, [sequences, table_len]),
-        (&device, DType::F32),
-    );
+    let tables = step.tables_on::<B>(&inputs.query.device());
     let head_dim = inputs.query.dims()[2] / inputs.heads;
-    let outputs = step
-        .sequences()
-        .iter()
-        .enumerate()
-        .map(|(index, sequence)| {
-            let query = inputs
-                .query
-                .clone()
-                .narrow(1, step.offsets()[index], sequence.new);
-            let one = KernelInputs {
-                query,
-                key: pool(keys),
-                value: pool(values),
-                heads: inputs.heads,
-                kv_heads: kv_width / head_dim,
-                window: step.window(),
-                key_padding: None,
-                documents: None,
-                scores: inputs.scores.clone(),
-            };
-            let (mut tensors, sinks, call) = prepared(same_type::<_, KernelInputs<Bare>>(one));
-            let table = tables.clone().narrow(0, index, 1);
-            tensors.pages = Some(float(same_type::<_, Tensor<Bare, 2>>(table)));
-            let keys = sequence.keys();
-            let call = FlashCall {
-                keys,
-                page_size,
-                key_splits: decode_splits(call.heads, call.queries, keys),
-                ..call
-            };
-            let [output, _] = Bare::flash_forward(tensors, sinks.map(float), call);
-            same_type(Tensor::<Bare, 3>::from_primitive(TensorPrimitive::Float(
-                output,
-            )))
-        });
-    Tensor::cat(outputs.collect(), 1)
+    let step_inputs = KernelInputs {
+        query: inputs.query,
+        key: pool(keys),
+        value: pool(values),
+        heads: inputs.heads,
+        kv_heads: kv_width / head_dim,
+        window: step.window(),
+        key_padding: None,
+        documents: None,
+        scores: inputs.scores,
+    };
+    let (mut tensors, sinks, call) = prepared(same_type::<_, KernelInputs<Bare>>(step_inputs));
+    tensors.pages = Some(float(same_type::<_, Tensor<Bare, 2>>(tables)));
+    let sequences = step.sequences();
+    let queries = sequences.iter().map(|s| s.new).max().unwrap_or(1);
+    let keys = sequences.iter().map(|s| s.keys()).max().unwrap_or(1);
+    let call = FlashCall {
+        batch: sequences.len(),
+        queries,
+        keys,
+        page_size,
+        key_splits: decode_splits(sequences.len() * call.heads, queries, keys),
+        ..call
+    };
+    let [output, _] = Bare::flash_forward(tensors, sinks.map(float), call);
+    same_type(Tensor::<Bare, 3>::from_primitive(TensorPrimitive::Float(
+        output,
+    )))
 }
 
 /// Ends a layer's decoding step on `Bare`, which `B` is: on Burn's fusion backends the stream

@@ -52,8 +52,8 @@ pub fn flash_query_grad<F: Float, N: Size>(
     let rows = comptime!((sizes.block * sizes.stride) as usize);
     let mut queries = SharedMemory::<Vector<F, N>>::new(rows);
     let mut d_outs = SharedMemory::<Vector<F, N>>::new(rows);
-    load_pairs::<F, N>(query, &mut queries, &block, &unit, &geometry, sizes);
-    load_pairs::<F, N>(output_grad, &mut d_outs, &block, &unit, &geometry, sizes);
+    load_pairs::<F, N>(query, &mut queries, &block, &unit, sizes);
+    load_pairs::<F, N>(output_grad, &mut d_outs, &block, &unit, sizes);
 
     // This unit's rows: log-sum-exps and `D`s (rows past the last pair: a masked log-sum-exp, so
     // that they weigh nothing). Their positions are computed where a mask needs them, in edge
@@ -66,7 +66,7 @@ pub fn flash_query_grad<F: Float, N: Size>(
         let mut l = masked();
         let mut d = 0.0f32;
         if pair < block.end_pair {
-            let at = (unit.query_row(pair, &geometry) * geometry.heads + unit.head(pair)) as usize;
+            let at = (unit.query_row(pair) * geometry.heads + unit.head(pair)) as usize;
             l = lse[at];
             d = delta[at];
         }
@@ -127,7 +127,7 @@ pub fn flash_query_grad<F: Float, N: Size>(
     for i in 0..UNIT_ROWS {
         let pair = block.pair(&unit, i);
         if pair < block.end_pair {
-            let query_row = unit.query_row(pair, &geometry);
+            let query_row = unit.query_row(pair);
             let out_at = query_row * unit.row_vectors + unit.head(pair) * unit.head_vectors;
             store_row::<F, N>(query_grad, &acc, geometry.scale, out_at, &unit, i, sizes);
         }

@@ -19,8 +19,11 @@ use super::{
 ///   `key_first ..`
 /// - `key_padding`: `[batch, keys]`, `1` = padding (read when `geometry.padded`)
 /// - `documents`: `[batch, keys, 2]`, each position's document (read when `geometry.packed`)
-/// - `tables`: `[batch, table_len]` page ids, where `key` and `value` are a page pool
-///   `[1, pages · page_size, kv_heads · head_dim]` (read when `geometry.page_size > 0`)
+/// - `tables`: a ragged step's `[batch, table_len]` (each sequence's first query row, queries,
+///   keys, then page ids; read when `geometry.page_size > 0`): then `query` is `[1, tokens,
+///   heads · head_dim]`, every sequence's queries one after another, `key` and `value` a page
+///   pool `[1, pages · page_size, kv_heads · head_dim]`, and `output` and `lse` have `tokens`
+///   rows per split
 /// - `sinks`: `[heads]` (read when `geometry.with_sinks`)
 /// - `output`: `[splits, batch, queries, heads · head_dim]`, each split's output normalized over
 ///   its own keys
@@ -43,7 +46,27 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
 ) {
     let n = N::value().comptime() as u32;
     let sizes = comptime!(tiling.sizes(n));
-    let unit = Unit::new(&geometry, sizes);
+    // Each split's outputs are rows of all of the call's queries.
+    let mut split_rows = CUBE_COUNT_Z * geometry.queries;
+    let mut geometry = geometry;
+    let mut query_base = CUBE_POS_Z * geometry.queries;
+    if geometry.page_size > 0 {
+        // A ragged step: sequence `z`'s queries and keys lead its row of the tables, and the
+        // launch's `queries` counts every sequence's together.
+        let row = CUBE_POS_Z * geometry.table_len;
+        split_rows = geometry.queries;
+        query_base = u32::cast_from(tables[row as usize]);
+        geometry.queries = u32::cast_from(tables[(row + 1) as usize]);
+        geometry.keys = u32::cast_from(tables[(row + 2) as usize]);
+        geometry.split_len = geometry.keys.div_ceil(geometry.splits);
+        // The grid has the longest sequence's blocks: a shorter one's extra cubes stop here.
+        let pairs = geometry.queries * (geometry.heads / geometry.kv_heads);
+        if CUBE_POS_X / geometry.splits >= pairs.div_ceil(sizes.block) {
+            terminate!();
+        }
+    }
+    let mut unit = Unit::new(&geometry, sizes);
+    unit.query_base = query_base;
     let block = PairBlock::new(
         CUBE_POS_X / geometry.splits,
         documents,
@@ -58,7 +81,7 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
     // The block's query rows.
     let mut queries =
         SharedMemory::<Vector<F, N>>::new(comptime!((sizes.block * sizes.stride) as usize));
-    load_pairs::<F, N>(query, &mut queries, &block, &unit, &geometry, sizes);
+    load_pairs::<F, N>(query, &mut queries, &block, &unit, sizes);
 
     // A split's own keys only.
     let mut key_start = block.key_start;
@@ -187,7 +210,7 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
             let seen = sum > 0.0;
             let inverse = select(seen, rescale / sum, 0.0);
             // A split's partial results are the `split`-th of `splits` stacked outputs.
-            let out_row = split * CUBE_COUNT_Z * geometry.queries + unit.query_row(pair, &geometry);
+            let out_row = split * split_rows + unit.query_row(pair);
             let out_at = out_row * unit.row_vectors + head * unit.head_vectors;
             store_row::<O, N>(output, &acc, inverse, out_at, &unit, i, sizes);
             if unit.lane == 0 {

@@ -131,6 +131,10 @@ pub fn is_visible(score: f32) -> bool {
     score > threshold
 }
 
+/// The columns before a ragged step's page ids in each sequence's row of the tables: its first
+/// query's row among the step's queries, its count of queries, its count of keys.
+pub const SEQUENCE_COLUMNS: u32 = 3;
+
 /// The sizes and score rule of one call, as the kernels take them (uniform over the cubes).
 #[derive(CubeType, CubeLaunch, Clone, Copy)]
 pub struct Geometry {
@@ -163,9 +167,10 @@ pub struct Geometry {
     /// `keys` without.
     pub splits: u32,
     pub split_len: u32,
-    /// Positions per page when the keys and values are a page pool read through each
-    /// sequence's table (the tables tensor then holds `table_len` page ids per sequence); 0 when
-    /// they are rows of the key and value tensors, and the tables tensor is not read.
+    /// Positions per page when the call is a ragged step over a page pool; 0 when the keys and
+    /// values are rows of their tensors, and the tables tensor is not read. A ragged step's
+    /// sequence `z` has row `z` of the tables, `table_len` wide: [`SEQUENCE_COLUMNS`] (its first
+    /// query's row, its queries, its keys), then its page ids.
     pub page_size: u32,
     pub table_len: u32,
 }
@@ -188,6 +193,8 @@ pub struct Unit {
     /// Vectors of one head, and of a query row (every head's).
     pub head_vectors: u32,
     pub row_vectors: u32,
+    /// The row of the sequence's first query among every sequence's queries.
+    pub query_base: u32,
 }
 
 #[cube]
@@ -204,6 +211,7 @@ impl Unit {
             offset: geometry.keys - geometry.queries,
             head_vectors,
             row_vectors: geometry.heads * head_vectors,
+            query_base: CUBE_POS_Z * geometry.queries,
         }
     }
 
@@ -213,8 +221,8 @@ impl Unit {
     }
 
     /// The row of pair `pair`'s query among every sequence's queries.
-    pub fn query_row(&self, pair: u32, geometry: &Geometry) -> u32 {
-        self.batch * geometry.queries + pair / self.group
+    pub fn query_row(&self, pair: u32) -> u32 {
+        self.query_base + pair / self.group
     }
 }
 
@@ -360,7 +368,6 @@ pub fn load_pairs<F: Float, N: Size>(
     rows: &mut SharedMemory<Vector<F, N>>,
     block: &PairBlock,
     unit: &Unit,
-    geometry: &Geometry,
     #[comptime] sizes: KernelSizes,
 ) {
     let mut at = UNIT_POS_X;
@@ -370,7 +377,7 @@ pub fn load_pairs<F: Float, N: Size>(
         let pair = block.first_pair + row;
         let mut value = Vector::<F, N>::new(F::new(0.0));
         if pair < block.end_pair && vector < unit.head_vectors {
-            let query_row = unit.query_row(pair, geometry);
+            let query_row = unit.query_row(pair);
             let from = query_row * unit.row_vectors + unit.head(pair) * unit.head_vectors + vector;
             value = source[from as usize];
         }
@@ -599,7 +606,7 @@ impl<F: Float, N: Size> KeyTile<F, N> {
         let geometry = source.geometry;
         // Rows counted in keys: `load_paged_rows` finds each one's page.
         let from = source.rows(start, start, end, sizes);
-        let table = source.batch * geometry.table_len;
+        let table = source.batch * geometry.table_len + SEQUENCE_COLUMNS;
         load_paged_rows::<F, N>(
             key,
             &mut self.keys,
