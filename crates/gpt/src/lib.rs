@@ -27,6 +27,8 @@
 //! - `decoder.rs`: [`Decoder`], with and without KV caches.
 //! - `paged.rs`: the decoder on a ragged step over a page pool, and each sequence's
 //!   [`SequencePages`].
+//! - `engine.rs`: continuous batching, [`Engine`]: requests added and ended while it runs,
+//!   each step one ragged batch of decoding rows and prompt chunks over the page pool.
 //! - `loss.rs`: [`Labels`], the next-token labels within a batch's rows and documents, and the
 //!   cross-entropy over them.
 //! - `packing.rs`: [`TokenRows`], documents laid into training rows, packed or one per row.
@@ -42,6 +44,7 @@ mod block;
 pub mod checkpoint;
 mod config;
 mod decoder;
+mod engine;
 mod generate;
 mod input;
 mod loss;
@@ -55,6 +58,10 @@ mod sampling;
 pub use block::DecoderBlock;
 pub use config::{GptConfig, GptConfigError, GptModel};
 pub use decoder::{Decoder, DecoderError};
+pub use engine::{
+    Completion, Engine, EngineConfig, EngineError, EngineStats, Event, Finish, Request,
+    RequestError, RequestId,
+};
 pub use generate::{GenerateConfig, GenerateError, Generation, Prompts, PromptsError};
 pub use input::{LmInput, Logits};
 pub use loss::Labels;

@@ -97,6 +97,35 @@ impl<B: Backend> Decoder<B> {
         }
     }
 
+    /// The free pages a step of `new` tokens for each sequence takes, over every attention
+    /// kind, net of the pages windowed kinds give back: what [`reserve`](Self::reserve) needs
+    /// free.
+    ///
+    /// # Errors
+    /// When a sequence's tables are not one per attention kind of this model.
+    pub fn pages_needed(
+        &self,
+        pool: &PagePool,
+        sequences: &[(&SequencePages, usize)],
+    ) -> Result<usize, DecoderError> {
+        let kinds = self.attention_kinds().len();
+        if let Some((sequence, _)) = sequences.iter().find(|(s, _)| s.tables.len() != kinds) {
+            return Err(DecoderError::AttentionKinds {
+                found: sequence.tables.len(),
+                kinds,
+            });
+        }
+        Ok((0..kinds)
+            .map(|kind| {
+                let tables: Vec<(&PageTable, usize)> = sequences
+                    .iter()
+                    .map(|(sequence, new)| (&sequence.tables[kind], *new))
+                    .collect();
+                pool.pages_needed(&tables)
+            })
+            .sum())
+    }
+
     /// Reserves a step of `new` tokens for each sequence in every attention kind: the steps
     /// [`forward_paged`](Self::forward_paged) runs on, one per kind. Checks that the pool has
     /// the pages for all kinds together before reserving any: out of pages, or any other
@@ -107,21 +136,9 @@ impl<B: Backend> Decoder<B> {
         sequences: &mut [(&mut SequencePages, usize)],
     ) -> Result<Vec<RaggedStep>, DecoderError> {
         let kinds = self.attention_kinds().len();
-        if let Some((sequence, _)) = sequences.iter().find(|(s, _)| s.tables.len() != kinds) {
-            return Err(DecoderError::AttentionKinds {
-                found: sequence.tables.len(),
-                kinds,
-            });
-        }
-        let needed: usize = (0..kinds)
-            .map(|kind| {
-                let tables: Vec<(&PageTable, usize)> = sequences
-                    .iter()
-                    .map(|(sequence, new)| (&sequence.tables[kind], *new))
-                    .collect();
-                pool.pages_needed(&tables)
-            })
-            .sum();
+        let views: Vec<(&SequencePages, usize)> =
+            sequences.iter().map(|(s, n)| (&**s, *n)).collect();
+        let needed = self.pages_needed(pool, &views)?;
         if needed > pool.free_pages() {
             return Err(AttentionError::OutOfPages {
                 needed,
