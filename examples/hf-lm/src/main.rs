@@ -7,10 +7,13 @@
 //!   (`[batch, t + N]`, int64).
 //! - `hf-lm --model DIR --prompt TEXT`: with `DIR/tokenizer.json` (and the `tokenizer`
 //!   feature), prints the continuation and the speed.
+//! - `hf-lm --model DIR --requests FILE.jsonl`: many requests at once (continuous batching),
+//!   each result a JSON line on stdout as it finishes; exit code 1 when any request failed.
 //!
 //! Bad input is one `error:` line and exit code 2, with no output file written.
 
 mod files;
+mod requests;
 mod text;
 
 use std::path::PathBuf;
@@ -46,15 +49,18 @@ struct Cli {
     #[arg(long)]
     model: PathBuf,
     /// A safetensors file with `input_ids` and `attention_mask` ([batch, t], int64).
-    #[arg(long, requires = "output", conflicts_with = "prompt")]
+    #[arg(long, requires = "output", conflicts_with_all = ["prompt", "requests"])]
     input: Option<PathBuf>,
+    /// A JSON-lines file of requests, run together (see the crate's docs for the fields).
+    #[arg(long, conflicts_with = "prompt")]
+    requests: Option<PathBuf>,
     /// Where `logits` and `generated` are written (never over an input).
     #[arg(long, requires = "input")]
     output: Option<PathBuf>,
     /// Text to continue (needs DIR/tokenizer.json and the `tokenizer` feature).
-    #[arg(long, required_unless_present = "input")]
+    #[arg(long, required_unless_present_any = ["input", "requests"])]
     prompt: Option<String>,
-    /// Tokens to generate after every prompt.
+    /// Tokens to generate after every prompt (a request's own `max_new_tokens` wins).
     #[arg(long, default_value_t = 16)]
     new_tokens: usize,
     #[arg(long, value_enum, default_value_t = BackendName::Flex)]
@@ -75,6 +81,18 @@ struct Cli {
     /// With sampling: the seed of the draws.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// With --requests: the KV cache's pool, in MiB over every layer.
+    #[arg(long, default_value_t = 512)]
+    kv_mib: usize,
+    /// With --requests: positions per page of the pool.
+    #[arg(long, default_value_t = 128)]
+    page_size: usize,
+    /// With --requests: the most requests a step runs.
+    #[arg(long, default_value_t = 64)]
+    max_running: usize,
+    /// With --requests: the most tokens a step feeds (decoding rows, then prompt chunks).
+    #[arg(long, default_value_t = 512)]
+    step_tokens: usize,
 }
 
 impl Cli {
@@ -104,7 +122,7 @@ fn main() -> ExitCode {
         .map_err(CliError::from)
         .and_then(|done| done)
     {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error}");
             ExitCode::from(2)
@@ -116,14 +134,23 @@ fn main() -> ExitCode {
 struct Run<'a>(&'a Cli);
 
 impl OnBackend for Run<'_> {
-    type Output = Result<(), CliError>;
+    type Output = Result<ExitCode, CliError>;
 
     fn run<B: Backend>(self, _: &'static str, device: B::Device) -> Self::Output {
         let cli = self.0;
+        if let Some(requests) = &cli.requests {
+            let all_ok = requests::run::<B>(cli, requests, &device)?;
+            return Ok(if all_ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
+        }
         match (&cli.input, &cli.output, &cli.prompt) {
             (Some(input), Some(output), _) => files::run::<B>(cli, input, output, &device),
             (_, _, Some(prompt)) => text::run::<B>(cli, prompt, &device),
-            _ => unreachable!("clap requires --input and --output, or --prompt"),
+            _ => unreachable!("clap requires --input and --output, --prompt, or --requests"),
         }
+        .map(|()| ExitCode::SUCCESS)
     }
 }

@@ -79,3 +79,59 @@ fn generate<B: Backend>(
         .unwrap_or(new.len());
     Ok((new[..end].to_vec(), seconds))
 }
+
+/// The checkpoint's tokenizer for `--requests`' `prompt` lines and `text` results: loaded when
+/// the `tokenizer` feature is on and the directory has a `tokenizer.json`.
+pub struct Texts {
+    #[cfg(feature = "tokenizer")]
+    tokenizer: Option<tokenizers::Tokenizer>,
+}
+
+impl Texts {
+    #[cfg(feature = "tokenizer")]
+    pub fn load(dir: &std::path::Path) -> Result<Self, CliError> {
+        let path = dir.join("tokenizer.json");
+        if std::fs::metadata(&path).is_err() {
+            return Ok(Self { tokenizer: None });
+        }
+        let json = tensor_files::read_text(&path, tensor_files::MAX_JSON_BYTES)?;
+        let tokenizer = json
+            .parse::<tokenizers::Tokenizer>()
+            .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+        Ok(Self {
+            tokenizer: Some(tokenizer),
+        })
+    }
+
+    #[cfg(not(feature = "tokenizer"))]
+    pub fn load(_dir: &std::path::Path) -> Result<Self, CliError> {
+        Ok(Self {})
+    }
+
+    /// A `prompt`'s ids, or the message of its error line.
+    pub fn encode(&self, prompt: &str) -> Result<Vec<u32>, String> {
+        #[cfg(feature = "tokenizer")]
+        if let Some(tokenizer) = &self.tokenizer {
+            return tokenizer
+                .encode(prompt, true)
+                .map(|encoding| encoding.get_ids().to_vec())
+                .map_err(|e| format!("cannot tokenize the prompt: {e}"));
+        }
+        let _ = prompt;
+        Err(if cfg!(feature = "tokenizer") {
+            "`prompt` needs a tokenizer.json beside the model: give `ids` instead".into()
+        } else {
+            "`prompt` needs hf-lm built with the `tokenizer` feature: give `ids` instead".into()
+        })
+    }
+
+    /// The text of generated ids, where there is a tokenizer.
+    pub fn decode(&self, ids: &[u32]) -> Option<String> {
+        #[cfg(feature = "tokenizer")]
+        if let Some(tokenizer) = &self.tokenizer {
+            return tokenizer.decode(ids, true).ok();
+        }
+        let _ = ids;
+        None
+    }
+}
