@@ -17,6 +17,11 @@
 //! caches') per token of a row; `compiles_in_steady_state`, kernels compiled and autotune passes
 //! in those steps (cubecl's log, `attention_backends::compiles`). `launches_per_token` is not
 //! counted: cubecl 0.10 has no launch counter outside its profiler.
+//!
+//! `--workload FILE.jsonl` times a file of requests instead, through the continuous-batching
+//! engine and as static batches (`workload.rs`).
+
+mod workload;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,8 +42,27 @@ struct Args {
     #[arg(long, value_enum, default_value_t = BackendName::Flex)]
     backend: BackendName,
     /// Prompts per batch; repeat for several.
-    #[arg(long = "batch", required = true)]
+    #[arg(long = "batch", required_unless_present = "workload")]
     batches: Vec<usize>,
+    /// A JSON-lines file of requests (`ids`, `max_new_tokens`) to time through the engine and
+    /// as static batches, instead of `--batch`.
+    #[arg(long, conflicts_with = "batches")]
+    workload: Option<PathBuf>,
+    /// With --workload: requests per static batch.
+    #[arg(long, default_value_t = 8)]
+    static_batch: usize,
+    /// With --workload: the engine's KV pool, in MiB over every layer.
+    #[arg(long, default_value_t = 1024)]
+    kv_mib: usize,
+    /// With --workload: positions per page.
+    #[arg(long, default_value_t = 128)]
+    page_size: usize,
+    /// With --workload: the most requests an engine step runs.
+    #[arg(long, default_value_t = 32)]
+    max_running: usize,
+    /// With --workload: the most tokens an engine step feeds.
+    #[arg(long, default_value_t = 512)]
+    step_tokens: usize,
     /// Tokens in every prompt.
     #[arg(long, default_value_t = 128)]
     prompt: usize,
@@ -95,6 +119,15 @@ impl OnBackend for Bench<'_> {
     fn run<B: Backend>(self, backend: &'static str, device: B::Device) -> Self::Output {
         let args = self.0;
         let model = CausalLm::<B>::load(&args.model, &device).map_err(|e| e.to_string())?;
+        if let Some(path) = &args.workload {
+            let settings = workload::EngineSettings {
+                kv_mib: args.kv_mib,
+                page_size: args.page_size,
+                max_running: args.max_running,
+                step_tokens: args.step_tokens,
+            };
+            return workload::run(&model, backend, path, &settings, args.static_batch, &device);
+        }
         let vocab = model.config().vocab_size();
         for &batch in &args.batches {
             let ids: Vec<i64> = (0..batch)
