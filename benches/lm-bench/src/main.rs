@@ -63,6 +63,9 @@ struct Args {
     /// With --workload: the most tokens an engine step feeds.
     #[arg(long, default_value_t = 512)]
     step_tokens: usize,
+    /// With --workload: every request computes its whole prompt (no prefix caching).
+    #[arg(long)]
+    no_prefix_sharing: bool,
     /// Tokens in every prompt.
     #[arg(long, default_value_t = 128)]
     prompt: usize,
@@ -125,6 +128,7 @@ impl OnBackend for Bench<'_> {
                 page_size: args.page_size,
                 max_running: args.max_running,
                 step_tokens: args.step_tokens,
+                share_prefixes: !args.no_prefix_sharing,
             };
             return workload::run(&model, backend, path, &settings, args.static_batch, &device);
         }

@@ -9,7 +9,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use burn::prelude::*;
-use hf_models::{CausalLm, Engine, EngineConfig, Event, GenerateConfig, Prompts, Request};
+use hf_models::{
+    CausalLm, Engine, EngineConfig, EngineStats, Event, GenerateConfig, Prompts, Request,
+};
 use serde::{Deserialize, Serialize};
 
 /// A workload line: greedy, no stop ids.
@@ -28,6 +30,7 @@ pub struct EngineSettings {
     pub page_size: usize,
     pub max_running: usize,
     pub step_tokens: usize,
+    pub share_prefixes: bool,
 }
 
 #[derive(Serialize)]
@@ -55,6 +58,8 @@ struct Record<'a> {
     peak_pages: Option<usize>,
     page_size: Option<usize>,
     preemptions: Option<usize>,
+    /// Prompt positions the engine mapped from other sequences' pages; `null` for static.
+    prefix_tokens_shared: Option<usize>,
 }
 
 fn read(path: &Path) -> Result<Vec<Request>, String> {
@@ -109,34 +114,38 @@ pub fn run<B: Backend>(
         .file_name()
         .map_or_else(String::new, |name| name.to_string_lossy().into_owned());
     let limits: usize = requests.iter().map(|r| r.max_new_tokens).sum();
-    let record =
-        |mode, seconds: f64, times: Option<&[Vec<f64>]>, tokens_fed, engine: Option<[usize; 3]>| {
-            let [ttft50, ttft95, itl50, itl95] =
-                times.map(latencies).map_or([None; 4], |q| q.map(Some));
-            let record = Record {
-                implementation: "ours",
-                mode,
-                backend,
-                workload: workload.clone(),
-                requests: requests.len(),
-                threads: rayon::current_num_threads(),
-                generated_tokens: limits,
-                seconds,
-                tokens_per_s: limits as f64 / seconds,
-                ttft_s_p50: ttft50,
-                ttft_s_p95: ttft95,
-                itl_ms_p50: itl50,
-                itl_ms_p95: itl95,
-                tokens_fed,
-                peak_pages: engine.map(|[peak, _, _]| peak),
-                page_size: engine.map(|[_, page, _]| page),
-                preemptions: engine.map(|[_, _, preemptions]| preemptions),
-            };
-            println!(
-                "{}",
-                serde_json::to_string(&record).expect("a record serializes")
-            );
+    let record = |mode,
+                  seconds: f64,
+                  times: Option<&[Vec<f64>]>,
+                  tokens_fed,
+                  engine: Option<EngineStats>| {
+        let [ttft50, ttft95, itl50, itl95] =
+            times.map(latencies).map_or([None; 4], |q| q.map(Some));
+        let record = Record {
+            implementation: "ours",
+            mode,
+            backend,
+            workload: workload.clone(),
+            requests: requests.len(),
+            threads: rayon::current_num_threads(),
+            generated_tokens: limits,
+            seconds,
+            tokens_per_s: limits as f64 / seconds,
+            ttft_s_p50: ttft50,
+            ttft_s_p95: ttft95,
+            itl_ms_p50: itl50,
+            itl_ms_p95: itl95,
+            tokens_fed,
+            peak_pages: engine.map(|stats| stats.peak_pages),
+            page_size: engine.map(|_| settings.page_size),
+            preemptions: engine.map(|stats| stats.preemptions),
+            prefix_tokens_shared: engine.map(|stats| stats.prefix_tokens_shared),
         };
+        println!(
+            "{}",
+            serde_json::to_string(&record).expect("a record serializes")
+        );
+    };
 
     // Continuous batching.
     let bytes_per_page =
@@ -144,7 +153,8 @@ pub fn run<B: Backend>(
     let config = EngineConfig::new((settings.kv_mib << 20) / bytes_per_page)
         .with_page_size(settings.page_size)
         .with_max_running(settings.max_running)
-        .with_step_tokens(settings.step_tokens);
+        .with_step_tokens(settings.step_tokens)
+        .with_share_prefixes(settings.share_prefixes);
     let mut engine = Engine::new(model.decoder(), config, device).map_err(|e| e.to_string())?;
     let start = Instant::now();
     let ids = requests
@@ -167,7 +177,7 @@ pub fn run<B: Backend>(
         seconds,
         Some(&times),
         stats.tokens_fed,
-        Some([stats.peak_pages, settings.page_size, stats.preemptions]),
+        Some(stats),
     );
     drop(engine);
 

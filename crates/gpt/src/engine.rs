@@ -10,6 +10,11 @@
 //! the cache, fed a chunk at a time; a sequence whose chunk reaches its last token picks its next
 //! one.
 //!
+//! Prefix caching: an admitted request whose prompt begins with whole pages that a running
+//! sequence (or a finished one kept within `retain_pages`) has computed maps those pages instead
+//! of computing them, each page found by a key chained from its prefix's and confirmed by
+//! comparing the ids.
+//!
 //! ```
 //! use burn::backend::NdArray;
 //! use gpt::{Engine, EngineConfig, GptConfig, Request};
@@ -27,6 +32,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use attention_core::{AttentionError, LayerPages, PagePool};
 use burn::prelude::*;
@@ -50,6 +56,12 @@ pub struct EngineConfig {
     pub max_running: usize,
     /// The most tokens a step feeds, decoding rows first, then chunks of prompts.
     pub step_tokens: usize,
+    /// Whether a request whose prompt begins with whole pages another sequence holds maps those
+    /// pages instead of computing them (prefix caching).
+    pub share_prefixes: bool,
+    /// Pages that finished requests may keep held for later requests' prefixes; the oldest go
+    /// first, and all of them before a running sequence is preempted. 0 keeps none.
+    pub retain_pages: usize,
 }
 
 impl EngineConfig {
@@ -61,6 +73,8 @@ impl EngineConfig {
             page_size: PagePool::DEFAULT_PAGE_SIZE,
             max_running: 64,
             step_tokens: 512,
+            share_prefixes: true,
+            retain_pages: 0,
         }
     }
 
@@ -81,6 +95,22 @@ impl EngineConfig {
     pub fn with_step_tokens(self, step_tokens: usize) -> Self {
         Self {
             step_tokens,
+            ..self
+        }
+    }
+
+    /// With prefix sharing on or off.
+    pub fn with_share_prefixes(self, share_prefixes: bool) -> Self {
+        Self {
+            share_prefixes,
+            ..self
+        }
+    }
+
+    /// Finished requests keeping up to `retain_pages` pages for later prefixes.
+    pub fn with_retain_pages(self, retain_pages: usize) -> Self {
+        Self {
+            retain_pages,
             ..self
         }
     }
@@ -249,6 +279,8 @@ pub struct EngineStats {
     pub preemptions: usize,
     /// The most pages held at once.
     pub peak_pages: usize,
+    /// Prompt positions mapped from another sequence's pages instead of computed.
+    pub prefix_tokens_shared: usize,
 }
 
 /// A request in the engine: its tokens so far (prompt, then generated) and how many of them the
@@ -261,6 +293,28 @@ struct Sequence {
     request: Request,
     sampler: Sampler,
     pages: SequencePages,
+}
+
+/// A finished request's cached positions, kept as a prefix for later requests.
+struct Retained {
+    tokens: Vec<u32>,
+    pages: SequencePages,
+}
+
+/// The key of each full page of `tokens`: a hash of its ids and the key of the page before it,
+/// so equal keys at a page mean (but for a collision, which the caller rules out by comparing
+/// the ids) equal prefixes up to its end.
+fn page_keys(tokens: &[u32], page_size: usize) -> Vec<u64> {
+    let mut key = 0u64;
+    tokens
+        .chunks_exact(page_size)
+        .map(|page| {
+            let mut hasher = DefaultHasher::new();
+            (key, page).hash(&mut hasher);
+            key = hasher.finish();
+            key
+        })
+        .collect()
 }
 
 impl Sequence {
@@ -287,6 +341,8 @@ pub struct Engine<'m, B: Backend> {
     waiting: VecDeque<Sequence>,
     /// In order of admission: the last is the newest.
     running: Vec<Sequence>,
+    /// Finished requests' pages kept for prefixes, oldest first.
+    retained: VecDeque<Retained>,
     /// Events of what happened between steps (cancellations), reported by the next step.
     pending_events: Vec<Event>,
     next_id: u64,
@@ -330,6 +386,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             storage,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            retained: VecDeque::new(),
             pending_events: Vec::new(),
             next_id: 0,
             stats: EngineStats::default(),
@@ -551,10 +608,81 @@ impl<'m, B: Backend> Engine<'m, B> {
             }
         }
         for index in ended.into_iter().rev() {
-            let mut sequence = self.running.remove(index);
-            sequence.pages.release(&mut self.pool);
+            let sequence = self.running.remove(index);
+            self.retain(sequence);
         }
         Ok(events)
+    }
+
+    /// Keeps a finished sequence's pages for later prefixes, within `retain_pages` (the oldest
+    /// let go first), or lets them go.
+    fn retain(&mut self, mut sequence: Sequence) {
+        if !self.config.share_prefixes || self.config.retain_pages == 0 {
+            sequence.pages.release(&mut self.pool);
+            return;
+        }
+        sequence.tokens.truncate(sequence.computed);
+        self.retained.push_back(Retained {
+            tokens: sequence.tokens,
+            pages: sequence.pages,
+        });
+        while self.retained_pages() > self.config.retain_pages && self.evict_oldest() {}
+    }
+
+    fn retained_pages(&self) -> usize {
+        self.retained.iter().map(|r| r.pages.pages_held()).sum()
+    }
+
+    /// Lets go of the oldest retained prefix; false when none is kept.
+    fn evict_oldest(&mut self) -> bool {
+        let Some(mut oldest) = self.retained.pop_front() else {
+            return false;
+        };
+        oldest.pages.release(&mut self.pool);
+        true
+    }
+
+    /// Lets go of every retained prefix: with nothing running, the pool is whole afterwards.
+    pub fn forget_prefixes(&mut self) {
+        while self.evict_oldest() {}
+    }
+
+    /// Maps the longest run of whole pages that `sequence`'s tokens share with a running or
+    /// retained sequence's computed positions (found by page keys, confirmed by comparing the
+    /// ids), leaving at least its last token to compute. A prefix a windowed attention kind has
+    /// already let go of is not shared.
+    fn share_prefix(&mut self, sequence: &mut Sequence) {
+        let page_size = self.config.page_size;
+        if !self.config.share_prefixes || sequence.computed > 0 {
+            return;
+        }
+        let usable = (sequence.tokens.len() - 1) / page_size * page_size;
+        let keys = page_keys(&sequence.tokens[..usable], page_size);
+        if keys.is_empty() {
+            return;
+        }
+        let sources = self
+            .running
+            .iter()
+            .map(|s| (&s.tokens[..s.computed], &s.pages))
+            .chain(self.retained.iter().map(|r| (&r.tokens[..], &r.pages)));
+        let mut best: Option<(usize, &SequencePages)> = None;
+        for (tokens, pages) in sources {
+            let theirs = page_keys(tokens, page_size);
+            let pages_equal = keys.iter().zip(&theirs).take_while(|(a, b)| a == b).count();
+            let positions = pages_equal * page_size;
+            let confirmed = tokens[..positions] == sequence.tokens[..positions];
+            if confirmed && positions > best.map_or(0, |(p, _)| p) {
+                best = Some((positions, pages));
+            }
+        }
+        if let Some((positions, pages)) = best
+            && let Ok(shared) = pages.share(&mut self.pool, positions)
+        {
+            sequence.pages = shared;
+            sequence.computed = positions;
+            self.stats.prefix_tokens_shared += positions;
+        }
     }
 
     /// Each running sequence's tokens this step, admitting waiting requests and preempting
@@ -574,6 +702,10 @@ impl<'m, B: Backend> Engine<'m, B> {
                 self.admit(&mut plan, budget)?;
                 return Ok(plan);
             }
+            // Retained prefixes go before any running sequence.
+            if self.evict_oldest() {
+                continue;
+            }
             // The running sequences' step does not fit: the newest gives its pages back and
             // waits, first in line, to be computed again.
             let mut newest = self.running.pop().expect("an empty step needs no pages");
@@ -587,15 +719,20 @@ impl<'m, B: Backend> Engine<'m, B> {
     /// Admits waiting requests in order while the step has budget, room and pages.
     fn admit(&mut self, plan: &mut Vec<usize>, mut budget: usize) -> Result<(), DecoderError> {
         while budget > 0 && self.running.len() < self.config.max_running {
-            let Some(next) = self.waiting.pop_front() else {
+            let Some(mut next) = self.waiting.pop_front() else {
                 break;
             };
+            self.share_prefix(&mut next);
             let new = next.pending().min(budget);
             self.running.push(next);
             plan.push(new);
+            while self.pages_needed(plan)? > self.pool.free_pages() && self.evict_oldest() {}
             if self.pages_needed(plan)? > self.pool.free_pages() {
                 plan.pop();
-                let back = self.running.pop().expect("just admitted");
+                // It waits without pages: a waiting sequence holds none.
+                let mut back = self.running.pop().expect("just admitted");
+                back.pages.release(&mut self.pool);
+                back.computed = 0;
                 self.waiting.push_front(back);
                 break;
             }

@@ -46,8 +46,8 @@ pub use config::{
     SpecialTokens, Windows, rope_scaling,
 };
 pub use gpt::{
-    Activation, Completion, Decoder, DecoderBlock, Engine, EngineConfig, EngineError, Event,
-    Finish, GatedMlp, GenerateConfig, GenerateError, Generation, LmInput, Mlp, Norm, PlainMlp,
-    Prompts, PromptsError, Request, RequestError, RequestId, Sampling, SamplingError,
+    Activation, Completion, Decoder, DecoderBlock, Engine, EngineConfig, EngineError, EngineStats,
+    Event, Finish, GatedMlp, GenerateConfig, GenerateError, Generation, LmInput, Mlp, Norm,
+    PlainMlp, Prompts, PromptsError, Request, RequestError, RequestId, Sampling, SamplingError,
 };
 pub use model::{CausalLm, ModelError};

@@ -2,7 +2,8 @@
 //! generating it alone through dense caches, whatever the mix — requests added while others run,
 //! prompts fed in chunks beside decoding rows, sequences preempted when the pool runs short — and
 //! the pool is whole after the engine drains. A sampled request's tokens do not depend on what
-//! else runs; cancelling frees pages at once; bad requests are refused alone.
+//! else runs; cancelling frees pages at once; bad requests are refused alone; requests sharing a
+//! prompt's first pages map them instead of computing them, with the same tokens.
 
 use crate::packed::{VOCAB, llama_style};
 
@@ -339,6 +340,72 @@ fn bad_requests_are_refused_alone<B: Backend>(device: &B::Device) {
             max_running: 8
         })
     );
+}
+
+/// Requests that begin with the same 70 ids: those admitted after the first has computed whole
+/// pages of it map them (a running sequence's, or a finished one's kept pages) and give the
+/// tokens they give alone.
+fn shared_prefixes_are_mapped_not_computed<B: Backend>(device: &B::Device) {
+    let shared = prompt(70, 40);
+    let requests: Vec<Request> = (0..4)
+        .map(|seed| {
+            let mut ids = shared.clone();
+            ids.extend(prompt(5 + 4 * seed, 50 + seed as u32));
+            Request::greedy(ids, 6)
+        })
+        .collect();
+    for (name, model) in models::<B>(device) {
+        let want: Vec<Vec<u32>> = requests.iter().map(|r| alone(&model, r, device)).collect();
+        let mut fed = Vec::new();
+        for share in [true, false] {
+            // 32 tokens a step: the first request computes the prefix over three steps, the
+            // others are admitted beside it as pages of it are done.
+            let config = EngineConfig::new(64)
+                .with_page_size(32)
+                .with_step_tokens(32)
+                .with_max_running(4)
+                .with_share_prefixes(share);
+            let mut engine = Engine::new(&model, config, device).unwrap();
+            let served = serve(&mut engine, &requests);
+            for (index, (_, completion)) in served.iter().enumerate() {
+                assert_eq!(
+                    completion.generated, want[index],
+                    "{name}, sharing {share}: request {index}'s tokens"
+                );
+            }
+            assert!(engine.pool().is_whole(), "{name}: pages left");
+            let stats = engine.stats();
+            assert_eq!(
+                stats.prefix_tokens_shared > 0,
+                share,
+                "{name}, sharing {share}: {stats:?}"
+            );
+            fed.push(stats.tokens_fed);
+        }
+        assert!(fed[0] < fed[1], "{name}: sharing fed {fed:?}");
+    }
+
+    // A finished request's pages, kept, serve a later one.
+    let model = llama_style::<B>(device, CONTEXT, [None, None]);
+    let config = EngineConfig::new(64)
+        .with_page_size(32)
+        .with_retain_pages(8);
+    let mut engine = Engine::new(&model, config, device).unwrap();
+    engine.add(requests[0].clone()).unwrap();
+    engine.run_to_end().unwrap();
+    assert_eq!(engine.pool().free_pages(), 64 - 3, "75 + 5 positions kept");
+    engine.add(requests[3].clone()).unwrap();
+    let done = engine.run_to_end().unwrap();
+    assert_eq!(done[0].generated, alone(&model, &requests[3], device));
+    assert_eq!(engine.stats().prefix_tokens_shared, 64);
+    engine.forget_prefixes();
+    assert!(engine.pool().is_whole());
+}
+
+#[test]
+fn shared_prefixes_are_mapped_not_computed_on_ndarray_and_flex() {
+    shared_prefixes_are_mapped_not_computed::<NdArray>(&Default::default());
+    shared_prefixes_are_mapped_not_computed::<Flex>(&Default::default());
 }
 
 #[test]
