@@ -121,9 +121,11 @@ fn configs() -> [(&'static str, EngineConfig); 3] {
     ]
 }
 
-fn every_request_gets_its_tokens_alone<B: Backend>(device: &B::Device) {
+/// `cases`: how many of the models and configs to run (lavapipe runs the last of each: the
+/// windowed model, preemption).
+fn every_request_gets_its_tokens_alone<B: Backend>(device: &B::Device, cases: usize) {
     let requests = requests();
-    for (name, model) in models::<B>(device) {
+    for (name, model) in models::<B>(device).into_iter().rev().take(cases) {
         let want: Vec<Vec<u32>> = requests.iter().map(|r| alone(&model, r, device)).collect();
         let tails = requests.iter().filter(|r| {
             let tail = Request::greedy(r.ids[r.ids.len() / 2..].to_vec(), r.max_new_tokens);
@@ -133,7 +135,7 @@ fn every_request_gets_its_tokens_alone<B: Backend>(device: &B::Device) {
             tails.count() >= 3,
             "{name}: a prompt's tail alone gives the same tokens: the test shows little"
         );
-        for (setting, config) in configs() {
+        for (setting, config) in configs().into_iter().rev().take(cases) {
             let mut engine = Engine::new(&model, config, device).unwrap();
             let served = serve(&mut engine, &requests);
             for (index, (_, completion)) in served.iter().enumerate() {
@@ -410,14 +412,14 @@ fn shared_prefixes_are_mapped_not_computed_on_ndarray_and_flex() {
 
 #[test]
 fn every_request_gets_its_tokens_alone_on_ndarray_and_flex() {
-    every_request_gets_its_tokens_alone::<NdArray>(&Default::default());
-    every_request_gets_its_tokens_alone::<Flex>(&Default::default());
+    every_request_gets_its_tokens_alone::<NdArray>(&Default::default(), 3);
+    every_request_gets_its_tokens_alone::<Flex>(&Default::default(), 3);
 }
 
 #[test]
 fn every_request_gets_its_tokens_alone_on_wgpu() {
     if let Some(device) = test_support::wgpu_device_for_test("engine") {
-        every_request_gets_its_tokens_alone::<Wgpu>(&device);
+        every_request_gets_its_tokens_alone::<Wgpu>(&device, 1);
     }
 }
 
