@@ -59,6 +59,7 @@ pub struct RaggedStep {
     offsets: Vec<usize>,
     /// The tables on a device, uploaded by the first layer that reads them there and shared by
     /// the step's later layers (and clones).
+    #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
     uploaded: Arc<OnceLock<Arc<dyn Any + Send + Sync>>>,
 }
 
@@ -160,6 +161,7 @@ impl RaggedStep {
     /// to 2²⁴, as [`PagePool::MAX_PAGES`](crate::PagePool::MAX_PAGES) keeps the ids), `[sequences,
     /// 3 + per_sequence]`. Uploaded once, by the first layer of the step that asks on that device,
     /// and shared by the others.
+    #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
     pub(crate) fn tables_on<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2> {
         let upload = || {
             let width = 3 + self.per_sequence;

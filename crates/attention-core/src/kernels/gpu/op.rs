@@ -12,6 +12,7 @@ use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, DType, TensorData, TensorPrimitive};
 
+use super::simt::{SPLIT_KEYS, SPLIT_MAX_QUERIES};
 use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors};
 use crate::documents::Documents;
 use crate::kernels::inputs::KernelInputs;
@@ -248,9 +249,9 @@ pub(crate) fn cached<B: Backend, Bare: FlashBackend>(inputs: CachedInputs<'_, B>
 
 /// A ragged step over a page pool on the device (`PagedStorage::Tensors`), on `Bare`, which `B`
 /// is: one launch for every sequence, each cube's sequence, query block and split of the keys
-/// read from the step's tables, its keys and values read where they lie in the pool. The step's
-/// sequences share one count of splits (a decoding step's, from the longest), each split a share
-/// of its own sequence's keys. The tables go up once per step, shared by its layers.
+/// read from the step's tables, its keys and values read where they lie in the pool. Each
+/// sequence takes its own count of key splits (none for a prompt chunk), the launch the most of
+/// them. The tables go up once per step, shared by its layers.
 ///
 /// # Shapes
 /// - `inputs.query`: `[1, tokens, heads · head_dim]`; output the same
@@ -279,12 +280,20 @@ pub(crate) fn paged<B: Backend, Bare: FlashBackend>(inputs: PagedInputs<'_, B>) 
     let sequences = step.sequences();
     let queries = sequences.iter().map(|s| s.new).max().unwrap_or(1);
     let keys = sequences.iter().map(|s| s.keys()).max().unwrap_or(1);
+    let pairs = sequences.len() * call.heads;
+    // The launch has the most splits any sequence takes; each cube applies the same rule to its
+    // own sequence, so a prompt chunk or a short row beside a long decoding row is not split.
+    let key_splits = sequences
+        .iter()
+        .map(|s| decode_splits(pairs, s.new, s.keys()))
+        .max()
+        .unwrap_or(1);
     let call = FlashCall {
         batch: sequences.len(),
         queries,
         keys,
         page_size,
-        key_splits: decode_splits(sequences.len() * call.heads, queries, keys),
+        key_splits,
         ..call
     };
     let [output, _] = Bare::flash_forward(tensors, sinks.map(float), call);
@@ -310,8 +319,6 @@ pub(crate) fn end_step<B: Backend, Bare: FlashBackend>(device: &B::Device) {
     Bare::end_step(&device);
 }
 
-/// Keys a split of a decoding step takes at least.
-const SPLIT_KEYS: usize = 64;
 /// The most splits of a decoding step.
 const MAX_SPLITS: usize = 16;
 /// `batch · heads` from which a decoding step's one cube per (sequence, head) keeps a GPU busy.
@@ -321,10 +328,10 @@ const BUSY_CUBES: usize = 64;
 /// cache for few (sequence, head) pairs would otherwise run on `pairs` cubes, each walking the
 /// whole cache.
 fn decode_splits(pairs: usize, queries: usize, keys: usize) -> usize {
-    if pairs >= BUSY_CUBES || queries > 8 {
+    if pairs >= BUSY_CUBES || queries > SPLIT_MAX_QUERIES as usize {
         return 1;
     }
-    (keys / SPLIT_KEYS).clamp(1, MAX_SPLITS)
+    (keys / SPLIT_KEYS as usize).clamp(1, MAX_SPLITS)
 }
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 use cubecl::prelude::*;
 
 use super::{
-    Geometry, KeySource, KeyTile, PairBlock, RowsVector, Tiling, UNIT_ROWS, Unit, accumulate_tile,
-    is_visible, load_pairs, masked, scored, store_row, tile_dots, unit_scores, zeroed_rows,
+    Geometry, KeySource, KeyTile, PairBlock, RowsVector, SPLIT_KEYS, SPLIT_MAX_QUERIES, Tiling,
+    UNIT_ROWS, Unit, accumulate_tile, is_visible, load_pairs, masked, scored, store_row, tile_dots,
+    unit_scores, zeroed_rows,
 };
 
 /// The forward pass: `output` and the per-row log-sum-exp.
@@ -58,7 +59,14 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
         query_base = u32::cast_from(tables[row as usize]);
         geometry.queries = u32::cast_from(tables[(row + 1) as usize]);
         geometry.keys = u32::cast_from(tables[(row + 2) as usize]);
-        geometry.split_len = geometry.keys.div_ceil(geometry.splits);
+        // The sequence's own splits, by the rule the host applies to a whole call: none for a
+        // prompt chunk, one per `SPLIT_KEYS` keys for a decoding row, at most the launch's. The
+        // launch's further splits get no keys and leave a partial the combine weighs 0.
+        let mut own_splits = 1u32;
+        if geometry.queries <= SPLIT_MAX_QUERIES {
+            own_splits = min(max(geometry.keys / SPLIT_KEYS, 1u32), geometry.splits);
+        }
+        geometry.split_len = geometry.keys.div_ceil(own_splits);
         // The grid has the longest sequence's blocks: a shorter one's extra cubes stop here.
         let pairs = geometry.queries * (geometry.heads / geometry.kv_heads);
         if CUBE_POS_X / geometry.splits >= pairs.div_ceil(sizes.block) {

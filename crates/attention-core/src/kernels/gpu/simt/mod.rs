@@ -135,6 +135,12 @@ pub fn is_visible(score: f32) -> bool {
 /// query's row among the step's queries, its count of queries, its count of keys.
 pub const SEQUENCE_COLUMNS: u32 = 3;
 
+/// Keys a split of a decoding step takes at least.
+pub const SPLIT_KEYS: u32 = 64;
+/// Queries per sequence above which a call's keys are not split (a prompt chunk's cubes are
+/// enough work without).
+pub const SPLIT_MAX_QUERIES: u32 = 8;
+
 /// The sizes and score rule of one call, as the kernels take them (uniform over the cubes).
 #[derive(CubeType, CubeLaunch, Clone, Copy)]
 pub struct Geometry {
