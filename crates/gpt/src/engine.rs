@@ -726,8 +726,11 @@ impl<'m, B: Backend> Engine<'m, B> {
             let new = next.pending().min(budget);
             self.running.push(next);
             plan.push(new);
-            while self.pages_needed(plan)? > self.pool.free_pages() && self.evict_oldest() {}
-            if self.pages_needed(plan)? > self.pool.free_pages() {
+            let mut needed = self.pages_needed(plan)?;
+            while needed > self.pool.free_pages() && self.evict_oldest() {
+                needed = self.pages_needed(plan)?;
+            }
+            if needed > self.pool.free_pages() {
                 plan.pop();
                 // It waits without pages: a waiting sequence holds none.
                 let mut back = self.running.pop().expect("just admitted");

@@ -153,6 +153,17 @@ fn requests_give_transformers_tokens_and_bad_lines_fail_alone() {
         assert!(utf8["message"].as_str().unwrap().contains("not UTF-8"));
     }
 
+    // A requests file that is not there: one error line, exit code 2, nothing on stdout.
+    let output = hf_lm(&model, &dir.path().join("missing.jsonl"), "ndarray");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("error:") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("missing.jsonl"), "{stderr}");
+    assert!(output.stdout.is_empty());
+
     // Only good lines: exit code 0.
     std::fs::write(&path, format!("{}\n", lines[0])).unwrap();
     let output = hf_lm(&model, &path, "ndarray");
