@@ -63,6 +63,13 @@ struct Args {
     /// With --workload: the most tokens an engine step feeds.
     #[arg(long, default_value_t = 512)]
     step_tokens: usize,
+    /// With --workload: an engine step beside `d` decoding rows feeds at most `max(d, this)`
+    /// prompt tokens (default: the engine's).
+    #[arg(long)]
+    prefill_while_decoding: Option<usize>,
+    /// With --workload: time the engine only, not static batches.
+    #[arg(long)]
+    no_static: bool,
     /// With --workload: every request computes its whole prompt (no prefix caching).
     #[arg(long)]
     no_prefix_sharing: bool,
@@ -128,9 +135,11 @@ impl OnBackend for Bench<'_> {
                 page_size: args.page_size,
                 max_running: args.max_running,
                 step_tokens: args.step_tokens,
+                prefill_while_decoding: args.prefill_while_decoding,
                 share_prefixes: !args.no_prefix_sharing,
             };
-            return workload::run(&model, backend, path, &settings, args.static_batch, &device);
+            let static_batch = (!args.no_static).then_some(args.static_batch);
+            return workload::run(&model, backend, path, &settings, static_batch, &device);
         }
         let vocab = model.config().vocab_size();
         for &batch in &args.batches {

@@ -2,8 +2,8 @@
 //! reads them) timed two ways — through the continuous-batching engine, and as static batches
 //! (`generate_batch` on consecutive groups of `--static-batch` requests in file order, each
 //! group left-padded and run to its largest limit, counting only each request's own tokens) —
-//! one JSON line each. Every request is there at the start: a request's time to first token
-//! counts its wait.
+//! one JSON line each (`--no-static`: the engine only). Every request is there at the start: a
+//! request's time to first token counts its wait.
 
 use std::path::Path;
 use std::time::Instant;
@@ -30,6 +30,8 @@ pub struct EngineSettings {
     pub page_size: usize,
     pub max_running: usize,
     pub step_tokens: usize,
+    /// `None`: the engine's default.
+    pub prefill_while_decoding: Option<usize>,
     pub share_prefixes: bool,
 }
 
@@ -60,6 +62,9 @@ struct Record<'a> {
     preemptions: Option<usize>,
     /// Prompt positions the engine mapped from other sequences' pages; `null` for static.
     prefix_tokens_shared: Option<usize>,
+    /// The engine's token budget a step, and its prompt tokens beside decoding rows.
+    step_tokens: Option<usize>,
+    prefill_while_decoding: Option<usize>,
 }
 
 fn read(path: &Path) -> Result<Vec<Request>, String> {
@@ -106,7 +111,7 @@ pub fn run<B: Backend>(
     backend: &str,
     path: &Path,
     settings: &EngineSettings,
-    static_batch: usize,
+    static_batch: Option<usize>,
     device: &B::Device,
 ) -> Result<(), String> {
     let requests = read(path)?;
@@ -114,6 +119,9 @@ pub fn run<B: Backend>(
         .file_name()
         .map_or_else(String::new, |name| name.to_string_lossy().into_owned());
     let limits: usize = requests.iter().map(|r| r.max_new_tokens).sum();
+    let prefill_while_decoding = settings
+        .prefill_while_decoding
+        .unwrap_or_else(|| EngineConfig::new(0).prefill_while_decoding);
     let record = |mode,
                   seconds: f64,
                   times: Option<&[Vec<f64>]>,
@@ -140,6 +148,8 @@ pub fn run<B: Backend>(
             page_size: engine.map(|_| settings.page_size),
             preemptions: engine.map(|stats| stats.preemptions),
             prefix_tokens_shared: engine.map(|stats| stats.prefix_tokens_shared),
+            step_tokens: engine.map(|_| settings.step_tokens),
+            prefill_while_decoding: engine.map(|_| prefill_while_decoding),
         };
         println!(
             "{}",
@@ -154,7 +164,8 @@ pub fn run<B: Backend>(
         .with_page_size(settings.page_size)
         .with_max_running(settings.max_running)
         .with_step_tokens(settings.step_tokens)
-        .with_share_prefixes(settings.share_prefixes);
+        .with_share_prefixes(settings.share_prefixes)
+        .with_prefill_while_decoding(prefill_while_decoding);
     let mut engine = Engine::new(model.decoder(), config, device).map_err(|e| e.to_string())?;
     let start = Instant::now();
     let ids = requests
@@ -182,6 +193,9 @@ pub fn run<B: Backend>(
     drop(engine);
 
     // Static batches.
+    let Some(static_batch) = static_batch else {
+        return Ok(());
+    };
     let start = Instant::now();
     let mut tokens_fed = 0;
     for group in requests.chunks(static_batch) {

@@ -56,6 +56,14 @@ pub struct EngineConfig {
     pub max_running: usize,
     /// The most tokens a step feeds, decoding rows first, then chunks of prompts.
     pub step_tokens: usize,
+    /// Beside `d` decoding sequences, a step feeds at most `max(d, prefill_while_decoding)`
+    /// prompt tokens (and tokens computed again). A decoding row waits for its whole step, chunks
+    /// included: where a step's time grows with its tokens (the CPU), a chunk no longer than the
+    /// decoding rows keeps the time between their tokens within about twice a decoding step's
+    /// while prompts are admitted, and the floor keeps a prompt moving beside few rows. A step
+    /// with no decoding row fills `step_tokens`; a GPU, whose step time barely grows with its
+    /// tokens, wants this as large as `step_tokens`.
+    pub prefill_while_decoding: usize,
     /// Whether a request whose prompt begins with whole pages another sequence holds maps those
     /// pages instead of computing them (prefix caching).
     pub share_prefixes: bool,
@@ -66,13 +74,14 @@ pub struct EngineConfig {
 
 impl EngineConfig {
     /// A pool of `pages` pages of [`PagePool::DEFAULT_PAGE_SIZE`], up to 64 sequences and 512
-    /// tokens a step.
+    /// tokens a step; beside decoding rows, as many prompt tokens as rows, at least 32.
     pub fn new(pages: usize) -> Self {
         Self {
             pages,
             page_size: PagePool::DEFAULT_PAGE_SIZE,
             max_running: 64,
             step_tokens: 512,
+            prefill_while_decoding: 32,
             share_prefixes: true,
             retain_pages: 0,
         }
@@ -99,6 +108,15 @@ impl EngineConfig {
         }
     }
 
+    /// With at most `max(decoding rows, prefill_while_decoding)` prompt tokens a step beside
+    /// decoding rows.
+    pub fn with_prefill_while_decoding(self, prefill_while_decoding: usize) -> Self {
+        Self {
+            prefill_while_decoding,
+            ..self
+        }
+    }
+
     /// With prefix sharing on or off.
     pub fn with_share_prefixes(self, share_prefixes: bool) -> Self {
         Self {
@@ -119,7 +137,7 @@ impl EngineConfig {
 /// An [`EngineConfig`] value out of range.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum EngineError {
-    /// `max_running` or `step_tokens` is 0.
+    /// `max_running`, `step_tokens` or `prefill_while_decoding` is 0.
     #[error("{field} must be at least 1")]
     Zero {
         /// The field.
@@ -369,6 +387,11 @@ impl<'m, B: Backend> Engine<'m, B> {
         if config.step_tokens == 0 {
             return Err(EngineError::Zero {
                 field: "step_tokens",
+            });
+        }
+        if config.prefill_while_decoding == 0 {
+            return Err(EngineError::Zero {
+                field: "prefill_while_decoding",
             });
         }
         if config.step_tokens < config.max_running {
@@ -688,11 +711,19 @@ impl<'m, B: Backend> Engine<'m, B> {
     /// Each running sequence's tokens this step, admitting waiting requests and preempting
     /// running ones to make it fit: the step feeds `plan[i]` tokens of `running[i]`, at least
     /// one each. Every running sequence gets its first token before any gets a second (the
-    /// budget is at least `max_running`), so a prompt chunk never stalls a decoding row.
+    /// budget is at least `max_running`), so a prompt chunk never stalls a decoding row; beside
+    /// `d` decoding rows, chunks take at most `max(d, prefill_while_decoding)` tokens.
     fn plan(&mut self) -> Result<Vec<usize>, DecoderError> {
         loop {
             let mut plan = vec![1; self.running.len()];
             let mut budget = self.config.step_tokens - self.running.len();
+            let decoding = self.running.iter().filter(|s| s.pending() == 1).count();
+            if decoding > 0 {
+                // Each running prompt's first token this step is a prompt token too.
+                let prompts = self.running.len() - decoding;
+                let cap = self.config.prefill_while_decoding.max(decoding);
+                budget = budget.min(cap.saturating_sub(prompts));
+            }
             for (new, sequence) in plan.iter_mut().zip(&self.running) {
                 let more = (sequence.pending() - 1).min(budget);
                 *new += more;

@@ -93,6 +93,11 @@ struct Cli {
     /// With --requests: the most tokens a step feeds (decoding rows, then prompt chunks).
     #[arg(long, default_value_t = 512)]
     step_tokens: usize,
+    /// With --requests: a step beside `d` decoding rows feeds at most `max(d, this)` prompt
+    /// tokens (default: the engine's), which bounds the time between a running request's tokens
+    /// while prompts are admitted.
+    #[arg(long)]
+    prefill_while_decoding: Option<usize>,
 }
 
 impl Cli {

@@ -55,6 +55,10 @@ pub fn run<B: Backend>(cli: &Cli, path: &Path, device: &B::Device) -> Result<boo
         .with_page_size(cli.page_size)
         .with_max_running(cli.max_running)
         .with_step_tokens(cli.step_tokens);
+    let config = match cli.prefill_while_decoding {
+        Some(tokens) => config.with_prefill_while_decoding(tokens),
+        None => config,
+    };
     let mut engine = Engine::new(model.decoder(), config, device)
         .map_err(|e| CliError::Input(format!("the engine's settings: {e}")))?;
 

@@ -108,15 +108,19 @@ fn configs() -> [(&'static str, EngineConfig); 3] {
     [
         ("a roomy pool", EngineConfig::new(64).with_page_size(32)),
         (
-            "chunks of 16 tokens a step, 4 running",
+            "chunks of 16 tokens a step, 6 beside decoding rows, 4 running",
             EngineConfig::new(64)
                 .with_page_size(32)
                 .with_step_tokens(16)
+                .with_prefill_while_decoding(6)
                 .with_max_running(4),
         ),
         (
-            "a pool too small for all at once",
-            EngineConfig::new(9).with_page_size(32).with_step_tokens(64),
+            "a pool too small for all at once, whole chunks beside decoding rows",
+            EngineConfig::new(9)
+                .with_page_size(32)
+                .with_step_tokens(64)
+                .with_prefill_while_decoding(64),
         ),
     ]
 }
@@ -257,6 +261,47 @@ fn cancelling_frees_pages_at_once<B: Backend>(device: &B::Device) {
         );
     }
     assert!(engine.pool().is_whole());
+}
+
+/// A step beside a decoding row feeds at most `prefill_while_decoding` prompt tokens; a step
+/// with none decoding fills the budget.
+fn prompts_beside_decoding_rows_are_capped<B: Backend>(device: &B::Device) {
+    let model = llama_style::<B>(device, CONTEXT, [None, None]);
+    let config = EngineConfig::new(64)
+        .with_page_size(32)
+        .with_step_tokens(64)
+        .with_prefill_while_decoding(10);
+    let mut engine = Engine::new(&model, config, device).unwrap();
+    let short = Request::greedy(prompt(5, 1), 30);
+    let long = Request::greedy(prompt(100, 2), 3);
+    engine.add(short.clone()).unwrap();
+    let fed = |engine: &Engine<'_, B>| engine.stats().tokens_fed;
+    engine.step().unwrap();
+    assert_eq!(fed(&engine), 5, "the prompt alone, whole");
+    let id = engine.add(long.clone()).unwrap();
+    // 100 prompt tokens at 10 a step beside the decoding row: its first token on the tenth.
+    for step in 1..=10 {
+        let before = fed(&engine);
+        let events = engine.step().unwrap();
+        assert_eq!(fed(&engine) - before, 1 + 10, "step {step}");
+        let long_tokens = events
+            .iter()
+            .filter(|e| matches!(e, Event::Token { request, .. } if *request == id))
+            .count();
+        assert_eq!(long_tokens, usize::from(step == 10), "step {step}");
+    }
+    let done = engine.run_to_end().unwrap();
+    let long_done = done.iter().find(|c| c.request == id).unwrap();
+    assert_eq!(long_done.generated, alone(&model, &long, device)[1..]);
+    assert!(engine.pool().is_whole());
+
+    let zero = EngineConfig::new(64).with_prefill_while_decoding(0);
+    assert!(matches!(
+        Engine::new(&model, zero, device),
+        Err(EngineError::Zero {
+            field: "prefill_while_decoding"
+        })
+    ));
 }
 
 fn bad_requests_are_refused_alone<B: Backend>(device: &B::Device) {
@@ -432,6 +477,11 @@ fn sampled_and_stopped_requests_on_ndarray_and_flex() {
 #[test]
 fn cancelling_frees_pages_at_once_on_ndarray() {
     cancelling_frees_pages_at_once::<NdArray>(&Default::default());
+}
+
+#[test]
+fn prompts_beside_decoding_rows_are_capped_on_ndarray() {
+    prompts_beside_decoding_rows_are_capped::<NdArray>(&Default::default());
 }
 
 #[test]
