@@ -20,6 +20,10 @@ Whole models (the whole-models issue), per model and batch: decoding at least 5x
 first H200 run and faster than this project's 2-core CPU decoding (must); prefill at most 2x
 transformers' time in float32 (must); decoding at least 1.0x transformers' tokens/s and prefill at
 most 1.0x its time, f32 against float32 and f16 against bfloat16 (goal).
+
+Continuous batching (run-gpu.sh's `workload_set` rows; the continuous-batching issue): our
+engine's tokens/s on workload (a) at least 1.5x our static batches' and 2x transformers'
+continuous batching, one run each.
 """
 import collections
 import json
@@ -130,6 +134,28 @@ def paged_rows(rows, ratios):
     return table
 
 
+def workload_rows(rows):
+    """Continuous batching (run-gpu.sh's `workload_set` rows): our engine's tokens/s against our
+    static batches and against transformers' continuous batching, one run each."""
+    runs = {}
+    for r in rows:
+        if "workload_set" in r and "tokens_per_s" in r:
+            runs[(r["workload_set"], r["impl"], r["mode"])] = r["tokens_per_s"]
+    table = []
+    for family in sorted({key[0] for key in runs}):
+        engine = runs.get((family, "ours", "continuous"))
+        if engine is None:
+            continue
+        for who, mode, bound in (("ours", "static", 1.5), ("transformers", "continuous", 2.0)):
+            theirs = runs.get((family, who, mode))
+            if theirs is None:
+                continue
+            value = engine / theirs
+            table.append((f"workload {family}: engine / {who} {mode} tokens/s", f"≥ {bound}",
+                          f"×{value:.2f} ({engine:.0f} / {theirs:.0f})", verdict([value], lambda v: v >= bound)))
+    return table
+
+
 def main(path):
     rows = [json.loads(line) for line in open(path) if line.startswith("{")]
     # (core, mode, shape, kv_heads, window, dtype, who) -> {round: median ms}
@@ -188,6 +214,7 @@ def main(path):
     table += packed_rows(rows, ratios)
     table += paged_rows(rows, ratios)
     table += model_rows(rows)
+    table += workload_rows(rows)
     gpu = next((r["gpu"] for r in rows if r.get("kind") == "gpu"), "no GPU named")
     print(f"GPU: {gpu}\n")
     print("| row | target | measured (range over rounds) | |")

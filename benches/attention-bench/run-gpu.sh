@@ -14,8 +14,9 @@
 #   PEER_DEVICE=cpu CORE_SEQS="64 128" LAYER_SHAPES=1x64x768x12 DECODE_SHAPES=1x64x768x12 \
 #     LONG=128 CALLS=2 MODEL_FAMILIES=smollm2 MODEL_LAYERS=1 MODEL_PROMPT=8 MODEL_NEW=3 \
 #     PACKED_SHAPE=1x128x768x12 PACKED_DOCUMENTS=16,40,8,64 \
-#     PAGED_SHAPE=4x128x768x12 PAGED_LENGTHS=32,128,2,64 \
-#     benches/attention-bench/run-gpu.sh /tmp/gpu.jsonl
+#     PAGED_SHAPE=4x128x768x12 PAGED_LENGTHS=32,128,2,64 WORKLOAD_FAMILIES=smollm2 \
+#     WORKLOAD_FILE=/tmp/w4.jsonl WORKLOAD_KV_MIB=64 benches/attention-bench/run-gpu.sh /tmp/gpu.jsonl
+# (/tmp/w4.jsonl: the first 4 lines of benches/lm-bench/workloads/a-mixed.jsonl)
 set -uo pipefail
 out=$1
 deadline=$(($(date +%s) + ${2:-420}))
@@ -159,7 +160,6 @@ for family in $model_families; do
       --new "$model_new" --repeats 2
   done
 done
-rm -rf "$models"
 # 8. Half precision, the core: ours and Burn's op in f16 on wgpu, SDPA in f16 and bf16.
 for mode in fwd fwdbwd; do
   for seq in $core_seqs; do
@@ -171,4 +171,22 @@ for mode in fwd fwdbwd; do
     torch 1 --core --mode $mode --shapes "$shape" --dtype bf16
   done
 done
+# 9. Continuous batching (the continuous-batching issue): workload (a) through our engine on wgpu
+# (lm-bench times our static batches of the same requests in the same call) and through
+# transformers' continuous batching on the GPU, float32, on the models section 7 saved. Tagged
+# `workload_set`.
+workload_families=${WORKLOAD_FAMILIES:-gpt2}
+workload_file=${WORKLOAD_FILE:-$here/../lm-bench/workloads/a-mixed.jsonl}
+# Our engine's KV pool over every layer (lavapipe cannot allocate lm-bench's default 1 GiB).
+workload_kv_mib=${WORKLOAD_KV_MIB:-1024}
+for family in $workload_families; do
+  dir="$models/$family"
+  [ -d "$dir" ] || continue
+  left "workload $family" || break
+  TAG="\"workload_set\":\"$family\"," record 1 "$bin/lm-bench" --model "$dir" --backend wgpu \
+    --workload "$workload_file" --kv-mib "$workload_kv_mib"
+  TAG="\"workload_set\":\"$family\"," record 1 "$py" "$here/peer_lm.py" --model "$dir" \
+    --device "$device" --workload "$workload_file"
+done
+rm -rf "$models"
 python3 "$here/gpu_targets.py" "$out"
