@@ -6,7 +6,7 @@ use attention_core::PagePool;
 use burn::prelude::*;
 use burn::tensor::TensorData;
 use gpt::Logits;
-use hf_models::{CausalLm, GenerateConfig, Generation, Prompts};
+use hf_models::{CausalLm, Engine, EngineConfig, GenerateConfig, Generation, Prompts, Request};
 use tensor_files::{RawTensor, Tensors};
 use test_support::{backend_tests, cases_on, fixture};
 
@@ -303,10 +303,84 @@ fn paged_steps_generate_each_rows_tokens<B: Backend>(device: &B::Device) {
     }
 }
 
+/// Twelve requests through the continuous-batching engine on every fixture — prompts of 3 to 40
+/// ids, four of them opening with the same page of 32, fed 16 tokens a step, at most 6 running,
+/// in a pool too small for all at once — each give the greedy tokens of generating it alone
+/// through dense caches.
+fn engine_requests_get_their_tokens_alone<B: Backend>(device: &B::Device) {
+    const SHAPES: [(usize, usize); 12] = [
+        (5, 8),
+        (40, 3),
+        (12, 6),
+        (33, 8),
+        (20, 4),
+        (37, 5),
+        (8, 8),
+        (36, 2),
+        (3, 7),
+        (25, 6),
+        (34, 4),
+        (16, 8),
+    ];
+    for model in cases_on::<B, _>(&MODELS) {
+        let lm = CausalLm::<B>::load(fixture(&format!("hf/{model}")), device).unwrap();
+        let vocab = lm.config().vocab_size() as u32;
+        let mut state = 0x2545_f491u32;
+        let mut draw = move || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state % vocab
+        };
+        let shared: Vec<u32> = (0..32).map(|_| draw()).collect();
+        let requests: Vec<Request> = SHAPES
+            .iter()
+            .enumerate()
+            .map(|(index, &(len, limit))| {
+                let mut ids: Vec<u32> = (0..len).map(|_| draw()).collect();
+                if [1, 3, 7, 10].contains(&index) {
+                    ids[..32].copy_from_slice(&shared);
+                }
+                Request::greedy(ids, limit)
+            })
+            .collect();
+        let decoder = lm.decoder();
+        let config = EngineConfig::new(8)
+            .with_page_size(32)
+            .with_step_tokens(16)
+            .with_max_running(6);
+        let mut engine = Engine::new(decoder, config, device).unwrap();
+        let ids: Vec<_> = requests
+            .iter()
+            .map(|r| engine.add(r.clone()).unwrap())
+            .collect();
+        let done = engine.run_to_end().unwrap();
+        for (index, request) in requests.iter().enumerate() {
+            let prompt: Vec<usize> = request.ids.iter().map(|&id| id as usize).collect();
+            let alone: Vec<u32> = decoder
+                .generate(&prompt, request.max_new_tokens, &request.sampling, device)
+                .unwrap()[prompt.len()..]
+                .iter()
+                .map(|&id| id as u32)
+                .collect();
+            let got = &done
+                .iter()
+                .find(|c| c.request == ids[index])
+                .unwrap()
+                .generated;
+            assert_eq!(got, &alone, "{model}: request {index}");
+        }
+        let stats = engine.stats();
+        assert!(stats.prefix_tokens_shared > 0, "{model}: no prefix shared");
+        assert!(engine.pool().is_whole(), "{model}: pages left");
+    }
+}
+
 backend_tests!(
     models_match_transformers,
     a_padded_row_generates_what_it_generates_alone,
     paged_steps_generate_each_rows_tokens,
+    engine_requests_get_their_tokens_alone,
 );
 
 /// On the CPU backends only: uncached generation recomputes a longer sequence at every step, and
