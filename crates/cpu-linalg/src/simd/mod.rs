@@ -114,6 +114,13 @@ macro_rules! dispatch {
     };
 }
 
+mod widen;
+pub use widen::{
+    rows_by_stored_keys_bf16, rows_by_stored_keys_f16, rows_by_stored_keys_i8,
+    weights_by_stored_values_bf16, weights_by_stored_values_f16, weights_by_stored_values_i8,
+    widen_bf16_f32, widen_f16_f32, widen_i8_f32,
+};
+
 dispatch!(
     /// The largest element of `xs` (`-inf` for none).
     pub fn max_f32(xs: &[f32]) -> f32 = portable::max);
