@@ -4,6 +4,7 @@ use std::ops::Range;
 
 use burn::prelude::*;
 
+use crate::KvDtype;
 use crate::error::AttentionError;
 use crate::kernels::{KvStorage, NewKv};
 
@@ -36,6 +37,7 @@ pub struct KvCache<B: Backend> {
     head_dim: usize,
     capacity: usize,
     window: Option<usize>,
+    kv_dtype: KvDtype,
     len: usize,
     /// The position in storage slot 0 (positions before it were dropped by the window).
     start: usize,
@@ -73,6 +75,7 @@ impl<B: Backend> KvCache<B> {
             head_dim,
             capacity,
             window: None,
+            kv_dtype: KvDtype::Model,
             len: 0,
             start: 0,
             storage: None,
@@ -84,6 +87,18 @@ impl<B: Backend> KvCache<B> {
     pub fn with_window(mut self, window: Option<usize>) -> Self {
         self.window = window;
         self
+    }
+
+    /// The same cache, storing its keys and values as `kv_dtype` (see [`KvDtype`]: fewer bytes
+    /// per position, rounded once when written). Set it before the first step.
+    pub fn with_kv_dtype(mut self, kv_dtype: KvDtype) -> Self {
+        self.kv_dtype = kv_dtype;
+        self
+    }
+
+    /// What the cache stores its keys and values as.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 
     /// Positions seen so far (the next token's position).
@@ -224,9 +239,17 @@ impl<B: Backend> KvCache<B> {
     /// with the slots the new queries see: the kept past positions and the new ones. The caller
     /// has checked that they fit ([`plan`](Self::plan)).
     ///
+    /// Errors, with the cache unchanged, when a narrow cache cannot keep the step where its path
+    /// keeps it, or an int8 cache is given a non-finite key or value.
+    ///
     /// # Shapes
     /// - `new`: see [`NewKv`]
-    pub(crate) fn append(&mut self, new: NewKv<B>, plan: Plan) -> (&KvStorage<B>, Range<usize>) {
+    pub(crate) fn append(
+        &mut self,
+        new: NewKv<B>,
+        plan: Plan,
+    ) -> Result<(&KvStorage<B>, Range<usize>), AttentionError> {
+        new.check_storable(self.kv_dtype, self.len)?;
         let [_, count] = new.batch_and_len();
         let stored = self.len - self.start;
         // Slots of the positions to carry into new storage: all of them, or the kept ones.
@@ -242,6 +265,7 @@ impl<B: Backend> KvCache<B> {
             plan.allocate,
             carried,
             plan.compact,
+            self.kv_dtype,
         );
         if plan.compact {
             self.start = self.len - plan.keep;
@@ -249,7 +273,7 @@ impl<B: Backend> KvCache<B> {
         let at = self.len - self.start;
         let storage = self.storage.insert(storage.written(at, new));
         self.len += count;
-        (storage, at - plan.keep..at + count)
+        Ok((storage, at - plan.keep..at + count))
     }
 
     /// Ends a layer's decoding step (see [`KvStorage::end_step`]).

@@ -355,6 +355,33 @@ pub enum AttentionError {
         "the paged path is for inference: run it on the inner backend (`model.valid()`), or          train with `forward` and `Documents`"
     )]
     PagedWithAutodiff,
+    /// A cache of a narrow [`KvDtype`](crate::KvDtype) where the step's keys go to storage that
+    /// keeps the layer's float type only.
+    #[error(
+        "a key/value cache of {kv_dtype} is read by the CPU kernel only (ndarray, burn-flex, fused \
+         or default path, no `Autodiff`); this step's keys go to {storage}"
+    )]
+    KvDtypeUnsupported {
+        /// The cache's type.
+        kv_dtype: crate::KvDtype,
+        /// Where the step's keys would be kept.
+        storage: &'static str,
+    },
+    /// A key or value an int8 cache cannot store: no scale represents an infinity or NaN.
+    #[error(
+        "the {kind} of sequence {sequence} at position {position} is {value}: an int8 cache \
+         stores finite keys and values only"
+    )]
+    NonFiniteKv {
+        /// `key` or `value`.
+        kind: &'static str,
+        /// The sequence: the batch row, or the index in a ragged step.
+        sequence: usize,
+        /// Its position in that sequence.
+        position: usize,
+        /// The first non-finite element.
+        value: f32,
+    },
     /// The backend's device failed while running the layer (a lost GPU, a driver error).
     #[error("the device failed while running the attention layer: {reason}")]
     Device {

@@ -38,7 +38,8 @@
 //! - [`Kernel`]: the attention kernels of this crate's own and the backends they run on, all
 //!   named in one place (`kernels/backends.rs`); `kernels/cpu/` is the CPU kernel behind the fused
 //!   path on ndarray and burn-flex, with its own backward pass.
-//! - [`KvCache`]: incremental decoding (`cache.rs`).
+//! - [`KvCache`]: incremental decoding (`cache.rs`), its keys and values in the layer's float
+//!   type or a narrower [`KvDtype`] (`kv_dtype.rs`).
 //! - [`weights`]: PyTorch state dicts in and out (the chapter's, GPT-2's and Hugging Face Llama's
 //!   layouts, q/k norm weights included).
 #![warn(missing_docs)]
@@ -50,6 +51,7 @@ mod documents;
 mod error;
 mod heads;
 mod kernels;
+mod kv_dtype;
 pub mod mask;
 mod mha;
 mod paged;
@@ -76,6 +78,7 @@ pub use kernels::device_syncs;
 #[cfg(feature = "kernel-report")]
 #[doc(hidden)]
 pub use kernels::kernel_report;
+pub use kv_dtype::KvDtype;
 pub use mha::{
     AttentionInput, AttentionTrace, EXPLICIT_SCORES_LIMIT, MultiHeadAttention,
     MultiHeadAttentionConfig,

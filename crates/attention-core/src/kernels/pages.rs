@@ -8,6 +8,7 @@ use burn::tensor::DType;
 
 use super::backends::Kernel;
 use super::cpu::HostStorage;
+use crate::KvDtype;
 use crate::error::AttentionError;
 use crate::paged::{PageCopy, RaggedStep};
 
@@ -29,26 +30,30 @@ pub(crate) enum PagedStorage<B: Backend> {
 
 impl<B: Backend> PagedStorage<B> {
     /// Zeroed storage for `pages` pages: in host memory for the CPU kernel, else in tensors.
+    ///
+    /// Errors for a narrow `kv_dtype` anywhere but in the CPU kernel's host memory.
     pub(crate) fn zeros(
         [pages, page_size, kv_heads, head_dim]: [usize; 4],
         device: &B::Device,
         dtype: DType,
-    ) -> Self {
+        kv_dtype: KvDtype,
+    ) -> Result<Self, AttentionError> {
         if Kernel::of::<B>() == Some(Kernel::Cpu) && Kernel::reads_pages::<B>() {
             // One sequence of every page's positions: each head's pages side by side.
-            return Self::CpuHost(HostStorage::zeros(
-                dtype,
-                1,
-                kv_heads,
-                pages * page_size,
-                head_dim,
-            ));
+            let shape = [1, kv_heads, pages * page_size, head_dim];
+            return Ok(Self::CpuHost(HostStorage::zeros(dtype, kv_dtype, shape)));
+        }
+        if kv_dtype.is_narrow() {
+            return Err(AttentionError::KvDtypeUnsupported {
+                kv_dtype,
+                storage: "the pages' Burn tensors (a backend without the CPU kernel)",
+            });
         }
         let zeros = || Tensor::zeros([pages, page_size, kv_heads * head_dim], (device, dtype));
-        Self::Tensors {
+        Ok(Self::Tensors {
             keys: zeros(),
             values: zeros(),
-        }
+        })
     }
 
     /// Ends a layer's step over these pages, as a dense cache's ([`super::storage::end_step`]):
@@ -78,6 +83,28 @@ impl<B: Backend> PagedStorage<B> {
                     }
                 }
             }
+        }
+    }
+
+    /// Checks that these pages can keep a step's new keys and values: finite ones, for int8.
+    ///
+    /// # Shapes
+    /// - `keys`, `values`: `[1, tokens, kv_heads · head_dim]`, packed as the step's queries
+    pub(crate) fn check_storable(
+        &self,
+        step: &RaggedStep,
+        keys: &Tensor<B, 3>,
+        values: &Tensor<B, 3>,
+    ) -> Result<(), AttentionError> {
+        match self {
+            Self::CpuHost(host) if host.kv_dtype() == KvDtype::Int8 => {
+                super::storage::check_finite([keys, values], |token| {
+                    let sequence = step.offsets().partition_point(|&start| start <= token) - 1;
+                    let s = &step.sequences()[sequence];
+                    (sequence, s.past + token - step.offsets()[sequence])
+                })
+            }
+            _ => Ok(()),
         }
     }
 

@@ -8,6 +8,7 @@ use burn::prelude::*;
 
 use super::backends::Kernel;
 use super::cpu::HostStorage;
+use crate::KvDtype;
 use crate::error::AttentionError;
 
 /// A cache's keys and values.
@@ -74,6 +75,79 @@ enum Kind {
     Device,
 }
 
+impl Kind {
+    /// The kind that keeps `new`: tensors for split heads, else `B`'s kernel's storage.
+    fn for_new<B: Backend>(new: &NewKv<B>) -> Self {
+        match new {
+            NewKv::Split { .. } => Self::Tensors,
+            NewKv::SideBySide { .. } => match Kernel::of::<B>() {
+                Some(Kernel::Cpu) => Self::CpuHost,
+                Some(Kernel::Gpu) => Self::Device,
+                None => unreachable!("side-by-side keys are stored for a kernel"),
+            },
+        }
+    }
+}
+
+impl<B: Backend> NewKv<B> {
+    /// Checks that a cache of `kv_dtype` can keep these keys and values: a narrow type only in
+    /// the CPU kernel's storage, and int8 only for finite values (`past`: the cached positions
+    /// before them, to say where one is not).
+    pub(crate) fn check_storable(
+        &self,
+        kv_dtype: KvDtype,
+        past: usize,
+    ) -> Result<(), AttentionError> {
+        if !kv_dtype.is_narrow() {
+            return Ok(());
+        }
+        match (Kind::for_new(self), self) {
+            (Kind::CpuHost, Self::SideBySide { keys, values }) => {
+                if kv_dtype == KvDtype::Int8 {
+                    let [_, new, _] = keys.dims();
+                    check_finite([keys, values], |token| (token / new, past + token % new))?;
+                }
+                Ok(())
+            }
+            (kind, _) => Err(AttentionError::KvDtypeUnsupported {
+                kv_dtype,
+                storage: match kind {
+                    Kind::Tensors => {
+                        "Burn tensors (the explicit path, `Autodiff`, or a backend without a kernel of this crate)"
+                    }
+                    _ => "the GPU kernel's device tensors",
+                },
+            }),
+        }
+    }
+}
+
+/// Checks that a step's keys and values are finite (as an int8 cache needs): else the first
+/// that is not, its `(sequence, position)` given by `place` from its token's index.
+///
+/// # Shapes
+/// - `tensors`: keys and values `[batch, tokens, kv_heads · head_dim]`
+pub(crate) fn check_finite<B: Backend>(
+    tensors: [&Tensor<B, 3>; 2],
+    place: impl Fn(usize) -> (usize, usize),
+) -> Result<(), AttentionError> {
+    for (tensor, kind) in tensors.into_iter().zip(["key", "value"]) {
+        let width = tensor.dims()[2];
+        let data = tensor.clone().into_data().convert::<f32>();
+        let floats: &[f32] = data.as_slice().expect("converted to f32");
+        if let Some(at) = floats.iter().position(|x| !x.is_finite()) {
+            let (sequence, position) = place(at / width);
+            return Err(AttentionError::NonFiniteKv {
+                kind,
+                sequence,
+                position,
+                value: floats[at],
+            });
+        }
+    }
+    Ok(())
+}
+
 impl<B: Backend> KvStorage<B> {
     fn kind(&self) -> Kind {
         match self {
@@ -104,6 +178,7 @@ impl<B: Backend> KvStorage<B> {
     /// The storage `new` is written to: `old` moved into the kind `new` needs, kept as it is when
     /// it has room for `allocate` positions and nothing moves, else new storage of `allocate`
     /// positions with `old`'s slots `carried` at its front.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn prepared(
         old: Option<Self>,
         new: &NewKv<B>,
@@ -111,15 +186,9 @@ impl<B: Backend> KvStorage<B> {
         allocate: usize,
         carried: Range<usize>,
         compact: bool,
+        kv_dtype: KvDtype,
     ) -> Self {
-        let kind = match new {
-            NewKv::Split { .. } => Kind::Tensors,
-            NewKv::SideBySide { .. } => match Kernel::of::<B>() {
-                Some(Kernel::Cpu) => Kind::CpuHost,
-                Some(Kernel::Gpu) => Kind::Device,
-                None => unreachable!("side-by-side keys are stored for a kernel"),
-            },
-        };
+        let kind = Kind::for_new(new);
         let (device, dtype, row) = match new {
             NewKv::Split { keys, .. } => {
                 let [_, heads, _, head_dim] = keys.dims();
@@ -143,10 +212,8 @@ impl<B: Backend> KvStorage<B> {
                 }
                 Kind::CpuHost => Self::CpuHost(HostStorage::zeros(
                     dtype,
-                    batch,
-                    kv_heads,
-                    allocate,
-                    row / kv_heads,
+                    kv_dtype,
+                    [batch, kv_heads, allocate, row / kv_heads],
                 )),
                 Kind::Device => {
                     let zeros = || Tensor::zeros([batch, allocate, row], (&device, dtype));

@@ -341,7 +341,7 @@ impl<B: Backend> MultiHeadAttention<B> {
         // [batch, new, heads · head_dim]
         let context = if route.is_kernel() {
             let [q, k, v] = self.project_side_by_side(x_new, &positions);
-            let (storage, seen) = cache.append(NewKv::SideBySide { keys: k, values: v }, plan);
+            let (storage, seen) = cache.append(NewKv::SideBySide { keys: k, values: v }, plan)?;
             let key_padding = key_padding.map(|mask| seen_padding(mask, seen.len()));
             kernels::cached_attention(CachedInputs {
                 query: q,
@@ -354,7 +354,7 @@ impl<B: Backend> MultiHeadAttention<B> {
             })
         } else {
             let [q, k, v] = self.project(x_new, &positions, HeadLayout::Split);
-            let (storage, seen) = cache.append(NewKv::Split { keys: k, values: v }, plan);
+            let (storage, seen) = cache.append(NewKv::Split { keys: k, values: v }, plan)?;
             let (keys, values) = storage.tensors(seen.clone());
             let [keys, values] = [keys, values].map(|t| self.repeat_kv(t));
             let key_padding = key_padding.map(|mask| seen_padding(mask, seen.len()));

@@ -17,7 +17,9 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// [`forward_paged`](Self::forward_paged) on a step of that pool writes and reads. Its
     /// memory is the pool's whole size, allocated here once.
     ///
-    /// Errors when the storage would not be addressable ([`AttentionError::CacheTooLarge`]).
+    /// Errors when the storage would not be addressable ([`AttentionError::CacheTooLarge`]), or
+    /// when the pool's [`KvDtype`](crate::KvDtype) is narrow and the backend has no CPU kernel
+    /// to read it ([`AttentionError::KvDtypeUnsupported`]).
     pub fn new_pages(&self, pool: &PagePool) -> Result<LayerPages<B>, AttentionError> {
         let positions = pool.pages() * pool.page_size();
         [positions, self.num_kv_heads, self.head_dim, 16]
@@ -31,7 +33,7 @@ impl<B: Backend> MultiHeadAttention<B> {
                 positions,
             })?;
         let weight = self.output_layer.weight.val();
-        Ok(LayerPages::new(
+        LayerPages::new(
             [
                 pool.pages(),
                 pool.page_size(),
@@ -39,8 +41,8 @@ impl<B: Backend> MultiHeadAttention<B> {
                 self.head_dim,
             ],
             &weight.device(),
-            weight.dtype(),
-        ))
+            (weight.dtype(), pool.kv_dtype()),
+        )
     }
 
     /// Attention for a ragged step: any number of sequences, each with its own new tokens (one
@@ -98,10 +100,11 @@ impl<B: Backend> MultiHeadAttention<B> {
             });
         }
         let positions = Positions::Given(step.positions(&x.device()));
-        pages.storage.copy_pages(step.copies(), step.page_size());
         // [1, tokens, heads · head_dim]
         let context = if Kernel::reads_pages::<B>() {
             let [q, k, v] = self.project_side_by_side(x, &positions);
+            pages.storage.check_storable(step, &k, &v)?;
+            pages.storage.copy_pages(step.copies(), step.page_size());
             pages.storage.write(step, k, v);
             kernels::paged_attention(PagedInputs {
                 query: q,
@@ -117,6 +120,7 @@ impl<B: Backend> MultiHeadAttention<B> {
                 let [_, heads, tokens, head_dim] = t.dims();
                 t.swap_dims(1, 2).reshape([1, tokens, heads * head_dim])
             };
+            pages.storage.copy_pages(step.copies(), step.page_size());
             pages.storage.write(step, side_by_side(k), side_by_side(v));
             // Burn's op has no sinks: the explicit path where the layer has them.
             let explicit = self.sinks.is_some();

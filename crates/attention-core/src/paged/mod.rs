@@ -49,25 +49,27 @@ impl<B: Backend> LayerPages<B> {
     pub(crate) fn new(
         [pages, page_size, kv_heads, head_dim]: [usize; 4],
         device: &B::Device,
-        dtype: burn::tensor::DType,
-    ) -> Self {
-        Self {
+        (dtype, kv_dtype): (burn::tensor::DType, crate::KvDtype),
+    ) -> Result<Self, AttentionError> {
+        let shape = [pages, page_size, kv_heads, head_dim];
+        Ok(Self {
             kv_heads,
             head_dim,
             page_size,
             pages,
-            storage: PagedStorage::zeros([pages, page_size, kv_heads, head_dim], device, dtype),
-        }
+            storage: PagedStorage::zeros(shape, device, dtype, kv_dtype)?,
+        })
     }
 
-    /// Bytes of keys and values one cached position takes in this layer (its element size
-    /// times `2 · kv_heads · head_dim`).
+    /// Bytes of keys and values one cached position takes in this layer: `2 · kv_heads` rows
+    /// of `head_dim` elements, with their scales where the pool's [`KvDtype`](crate::KvDtype)
+    /// has them.
     pub fn bytes_per_position(&self) -> usize {
-        let element = match &self.storage {
-            PagedStorage::CpuHost(host) => host.element_size(),
-            PagedStorage::Tensors { keys, .. } => keys.dtype().size(),
+        let row = match &self.storage {
+            PagedStorage::CpuHost(host) => host.row_bytes(),
+            PagedStorage::Tensors { keys, .. } => self.head_dim * keys.dtype().size(),
         };
-        2 * self.kv_heads * self.head_dim * element
+        2 * self.kv_heads * row
     }
 
     /// Bytes of keys and values the storage holds for the whole pool.

@@ -2,6 +2,7 @@
 //! No keys or values live here: each layer keeps its own storage for every page of the pool
 //! ([`LayerPages`](crate::LayerPages)), and a page id means the same slots in all of them.
 
+use crate::KvDtype;
 use crate::error::AttentionError;
 use crate::paged::step::{PageCopy, RaggedStep, SequenceStep};
 
@@ -18,6 +19,8 @@ pub struct PagePool {
     references: Vec<u32>,
     /// The free pages; the next one handed out is the last.
     free: Vec<u32>,
+    /// What each layer's storage for the pool keeps keys and values as.
+    kv_dtype: KvDtype,
 }
 
 /// What marks a table's entry whose page a sliding window has let go.
@@ -50,7 +53,20 @@ impl PagePool {
             page_size,
             references: vec![0; pages],
             free: (0..pages as u32).rev().collect(),
+            kv_dtype: KvDtype::Model,
         })
+    }
+
+    /// The same pool, its layers' storage ([`MultiHeadAttention::new_pages`](crate::MultiHeadAttention::new_pages))
+    /// keeping keys and values as `kv_dtype` (see [`KvDtype`]).
+    pub fn with_kv_dtype(mut self, kv_dtype: KvDtype) -> Self {
+        self.kv_dtype = kv_dtype;
+        self
+    }
+
+    /// What the layers' storage for this pool keeps keys and values as.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 
     /// Positions per page.

@@ -13,6 +13,7 @@
 //! - `errors`: bad input is an error value naming what was wrong.
 //! - `documents`: rows packed from documents, against each document alone.
 //! - `paged`: ragged steps over a page pool, against each sequence alone through a dense cache.
+//! - `kv_dtypes`: caches in fewer bytes (f16, bf16, int8) against the f32 cache.
 //! - `core_alone`: the attention core alone (`causal_attention`) against its formula written out.
 //! - `gpu_kernel`: the GPU kernel on wgpu, forward, backward and cached, against the explicit
 //!   path.
@@ -25,6 +26,7 @@ mod gpt2;
 #[cfg(feature = "wgpu")]
 mod gpu_kernel;
 mod hugging_face;
+mod kv_dtypes;
 mod modern;
 mod paged;
 mod parity;

@@ -14,7 +14,7 @@ use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::prelude::*;
 use burn::tensor::{Bool, DType, Element, TensorData, TensorPrimitive};
 
-use super::host_cache::{HostStorage, with_host_kv};
+use super::host_cache::{HostKv, HostStorage, Stored, with_host_kv};
 use super::kernel::{self, Dims, Forward, Inputs, KernelFloat, Scoring};
 use crate::kernels::inputs::KernelInputs;
 use crate::kernels::{CachedInputs, KvStorage, same_type};
@@ -286,29 +286,30 @@ struct CachedStep<'a, B: Backend> {
 /// # Shapes
 /// - output: `[batch, queries, heads · head_dim]`
 fn cached_step<B: Backend>(inputs: CachedStep<'_, B>) -> Tensor<B, 3> {
-    let device = inputs.query.device();
-    let [batch, queries, width] = inputs.query.dims();
-    let query = inputs.query.into_data();
-    let key_padding: Option<Vec<bool>> = inputs
-        .key_padding
-        .map(|mask| mask.into_data().iter::<bool>().collect());
-    let ScoreRule {
-        scale,
-        softcap,
-        sinks,
-    } = inputs.scores;
-    let sinks = sinks.map(Tensor::into_data);
-    with_host_kv!(inputs.cache, kv => {
-        let query = query.convert_dtype(element_dtype(&kv.keys));
-        let query_floats = query.as_slice().expect("converted to the cache's precision");
-        let sinks_floats = sinks.clone().map(|sinks| {
+    fn run<B: Backend, S: Stored>(inputs: CachedStep<'_, B>, kv: &HostKv<S>) -> Tensor<B, 3> {
+        let device = inputs.query.device();
+        let [batch, queries, width] = inputs.query.dims();
+        let query = inputs.query.into_data().convert::<S::Compute>();
+        let key_padding: Option<Vec<bool>> = inputs
+            .key_padding
+            .map(|mask| mask.into_data().iter::<bool>().collect());
+        let ScoreRule {
+            scale,
+            softcap,
+            sinks,
+        } = inputs.scores;
+        let sinks: Option<Vec<S::Compute>> = sinks.map(|sinks| {
             sinks
-                .convert_dtype(element_dtype(&kv.keys))
+                .into_data()
+                .convert::<S::Compute>()
                 .into_vec()
                 .expect("converted to the cache's precision")
         });
         let head_dim = width / inputs.heads;
-        assert_eq!(head_dim, kv.head_dim, "the queries' and the cache's head size");
+        assert_eq!(
+            head_dim, kv.head_dim,
+            "the queries' and the cache's head size"
+        );
         let dims = Dims {
             batch,
             heads: inputs.heads,
@@ -318,11 +319,14 @@ fn cached_step<B: Backend>(inputs: CachedStep<'_, B>) -> Tensor<B, 3> {
             head_dim,
             window: inputs.window,
         };
+        let [key, value] = kv.buffers();
         let forward = kernel::forward(Inputs {
             dims,
-            query: query_floats,
-            key: &kv.keys,
-            value: &kv.values,
+            query: query
+                .as_slice()
+                .expect("converted to the cache's precision"),
+            key,
+            value,
             key_rows: kernel::KeyRows::Rows {
                 first: inputs.seen.start,
                 per_sequence: kv.allocated,
@@ -330,13 +334,12 @@ fn cached_step<B: Backend>(inputs: CachedStep<'_, B>) -> Tensor<B, 3> {
             },
             key_padding: key_padding.as_deref(),
             documents: None,
-            scoring: scoring(scale_for(scale, head_dim), softcap, sinks_floats.as_deref()),
+            scoring: scoring(scale_for(scale, head_dim), softcap, sinks.as_deref()),
         });
-        Tensor::from_data(TensorData::new(forward.output, [batch, queries, width]), &device)
-    })
-}
-
-/// The dtype of `E`, read off a buffer of it.
-fn element_dtype<E: Element>(_: &[E]) -> DType {
-    E::dtype()
+        Tensor::from_data(
+            TensorData::new(forward.output, [batch, queries, width]),
+            &device,
+        )
+    }
+    with_host_kv!(inputs.cache, kv => run(inputs, kv))
 }

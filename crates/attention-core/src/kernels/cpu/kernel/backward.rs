@@ -182,8 +182,8 @@ fn backward_group<E: KernelFloat>(
     };
     let query = gather(inputs.query, all_queries.clone());
     let query_output_grad = gather(output_grad, all_queries);
-    let key = inputs.key_view(inputs.key, batch, kv_head);
-    let value = inputs.key_view(inputs.value, batch, kv_head);
+    let key = inputs.key_view(inputs.key.floats(), batch, kv_head);
+    let value = inputs.key_view(inputs.value.floats(), batch, kv_head);
     // Per stacked row: log Σ exp, and Σ_d dO ⊙ O, the softmax gradient's row term.
     // `[batch, queries, heads, width]` indices of the group at `position`.
     let group_rows = |position: usize, width: usize| {
@@ -238,7 +238,7 @@ fn backward_group<E: KernelFloat>(
             inputs.masked_scores(
                 batch,
                 &query_block,
-                &key_block,
+                (&Block::Floats(key_block), None),
                 row_start,
                 cols.clone(),
                 &mut weights,

@@ -217,6 +217,11 @@ fn forward_block_over<E: KernelFloat>(
     let mut out_buffer = vec![E::zero(); most_rows * head_dim];
     let mut row_max = vec![E::neg_infinity(); most_rows];
     let mut row_sum = vec![E::zero(); most_rows];
+    // A stored cache's blocks, widened to the compute type (unused for one in it already).
+    let stored = !matches!(inputs.key, KvBuffer::Float(_));
+    let scratch_len = if stored { KEY_BLOCK * head_dim } else { 0 };
+    let (mut key_scratch, mut value_scratch) =
+        (vec![E::zero(); scratch_len], vec![E::zero(); scratch_len]);
     for kv_head in kv_heads {
         let first_head = kv_head * group;
         for part in inputs.blocks(batch, rows.clone(), positions) {
@@ -234,11 +239,28 @@ fn forward_block_over<E: KernelFloat>(
             // forward with the rows.
             let visible = inputs.first_visible_key(batch, part.start).max(keys.start)
                 ..dims.visible_keys(part.end).min(keys.end);
+            // A few rows read a stored block in place; more widen it once for the block products.
+            let in_place = stored && E::READS_STORED && stacked <= STORED_IN_PLACE_ROWS;
             for cols in inputs.key_blocks(visible) {
-                let key = inputs.key_block(inputs.key, batch, kv_head, cols.clone());
-                let value = inputs.key_block(inputs.value, batch, kv_head, cols.clone());
+                let pair = (batch, kv_head);
+                let (key, key_scales) =
+                    inputs.key_block(inputs.key, pair, cols.clone(), &mut key_scratch, in_place);
+                let (value, value_scales) = inputs.key_block(
+                    inputs.value,
+                    pair,
+                    cols.clone(),
+                    &mut value_scratch,
+                    in_place,
+                );
                 let mut scores = block_matrix(&mut scores_buffer, stacked, cols.len());
-                inputs.masked_scores(batch, &query, &key, part.start, cols.clone(), &mut scores);
+                inputs.masked_scores(
+                    batch,
+                    &query,
+                    (&key, key_scales),
+                    part.start,
+                    cols.clone(),
+                    &mut scores,
+                );
                 for (r, mut row) in scores.rows_mut().into_iter().enumerate() {
                     let row = row.as_slice_mut().expect("scores are row-major");
                     let block_max = E::max_of(row);
@@ -255,7 +277,19 @@ fn forward_block_over<E: KernelFloat>(
                         out.row_mut(r).mapv_inplace(|o| o * correction);
                     }
                 }
-                mat_mul(E::one(), &scores, &value, E::one(), &mut out);
+                // The sums above are of the weights; the values' scales join their products.
+                if let Some(value_scales) = value_scales {
+                    scale_columns(&mut scores, value_scales);
+                }
+                match value {
+                    Block::Floats(value) => mat_mul(E::one(), &scores, &value, E::one(), &mut out),
+                    Block::Stored(value) => E::stored_weighted(
+                        scores.as_slice().expect("scores are row-major"),
+                        value,
+                        head_dim,
+                        out.as_slice_mut().expect("the output rows are row-major"),
+                    ),
+                }
             }
             // Stacked row `r` is head `first_head + r % group` at position `r / group` of the
             // part: index `r` of the group's stretch of the part's `[positions, heads]`.

@@ -21,9 +21,12 @@
 use ndarray::{ArrayView2, ArrayViewMut2, Axis, ShapeBuilder, Slice};
 
 use cpu_linalg::simd::{self, mat_mul};
+use half::{bf16, f16};
 
 mod backward;
 mod forward;
+#[cfg(test)]
+mod stored_tests;
 #[cfg(test)]
 mod tests;
 
@@ -45,6 +48,29 @@ pub trait KernelFloat:
 
     /// `x ← exp(x − shift)` for every element; returns their sum.
     fn exp_shifted_sum(xs: &mut [Self], shift: Self) -> Self;
+
+    /// `to[i] = from[i]`, for equal lengths.
+    fn widen_f16(from: &[f16], to: &mut [Self]);
+
+    /// `to[i] = from[i]`, for equal lengths.
+    fn widen_bf16(from: &[bf16], to: &mut [Self]);
+
+    /// `to[i] = from[i]`, for equal lengths.
+    fn widen_i8(from: &[i8], to: &mut [Self]);
+
+    /// `x` (a stored row's scale) in this type.
+    fn from_scale(x: f32) -> Self;
+
+    /// Whether [`stored_scores`](Self::stored_scores) and
+    /// [`stored_weighted`](Self::stored_weighted) read stored blocks in place (else a stored
+    /// block is widened into scratch first).
+    const READS_STORED: bool;
+
+    /// `scores = query · blockᵀ`, `query` `[rows, head_dim]`, `scores` `[rows, cols]`.
+    fn stored_scores(query: &[Self], block: StoredBlock<'_>, head_dim: usize, scores: &mut [Self]);
+
+    /// `out += weights · block`, `weights` `[rows, cols]`, `out` `[rows, head_dim]`.
+    fn stored_weighted(weights: &[Self], block: StoredBlock<'_>, head_dim: usize, out: &mut [Self]);
 }
 
 impl KernelFloat for f64 {
@@ -59,6 +85,39 @@ impl KernelFloat for f64 {
             sum + *x
         })
     }
+
+    fn widen_f16(from: &[f16], to: &mut [Self]) {
+        to.iter_mut()
+            .zip(from)
+            .for_each(|(to, from)| *to = from.to_f64());
+    }
+
+    fn widen_bf16(from: &[bf16], to: &mut [Self]) {
+        to.iter_mut()
+            .zip(from)
+            .for_each(|(to, from)| *to = from.to_f64());
+    }
+
+    fn widen_i8(from: &[i8], to: &mut [Self]) {
+        to.iter_mut()
+            .zip(from)
+            .for_each(|(to, &from)| *to = from.into());
+    }
+
+    fn from_scale(x: f32) -> Self {
+        x.into()
+    }
+
+    // Stored caches compute in `f32`: the `f64` kernel never reads one in place.
+    const READS_STORED: bool = false;
+
+    fn stored_scores(_: &[Self], _: StoredBlock<'_>, _: usize, _: &mut [Self]) {
+        unreachable!("stored blocks are read in place in f32 only")
+    }
+
+    fn stored_weighted(_: &[Self], _: StoredBlock<'_>, _: usize, _: &mut [Self]) {
+        unreachable!("stored blocks are read in place in f32 only")
+    }
 }
 
 impl KernelFloat for f32 {
@@ -69,6 +128,78 @@ impl KernelFloat for f32 {
     fn exp_shifted_sum(xs: &mut [Self], shift: Self) -> Self {
         simd::exp_shifted_sum_f32(xs, shift)
     }
+
+    fn widen_f16(from: &[f16], to: &mut [Self]) {
+        simd::widen_f16_f32(from, to);
+    }
+
+    fn widen_bf16(from: &[bf16], to: &mut [Self]) {
+        simd::widen_bf16_f32(from, to);
+    }
+
+    fn widen_i8(from: &[i8], to: &mut [Self]) {
+        simd::widen_i8_f32(from, to);
+    }
+
+    fn from_scale(x: f32) -> Self {
+        x
+    }
+
+    const READS_STORED: bool = true;
+
+    fn stored_scores(query: &[Self], block: StoredBlock<'_>, head_dim: usize, scores: &mut [Self]) {
+        match block {
+            StoredBlock::F16(keys) => simd::rows_by_stored_keys_f16(query, keys, head_dim, scores),
+            StoredBlock::Bf16(keys) => {
+                simd::rows_by_stored_keys_bf16(query, keys, head_dim, scores)
+            }
+            StoredBlock::Int8(keys) => simd::rows_by_stored_keys_i8(query, keys, head_dim, scores),
+        }
+    }
+
+    fn stored_weighted(
+        weights: &[Self],
+        block: StoredBlock<'_>,
+        head_dim: usize,
+        out: &mut [Self],
+    ) {
+        match block {
+            StoredBlock::F16(values) => {
+                simd::weights_by_stored_values_f16(weights, values, head_dim, out)
+            }
+            StoredBlock::Bf16(values) => {
+                simd::weights_by_stored_values_bf16(weights, values, head_dim, out)
+            }
+            StoredBlock::Int8(values) => {
+                simd::weights_by_stored_values_i8(weights, values, head_dim, out)
+            }
+        }
+    }
+}
+
+/// Query rows per product up to which a stored block is read in place by the few-row products
+/// ([`KernelFloat::stored_scores`]); above it, widening the block once into scratch for the
+/// block products costs less than widening it in registers for every row.
+pub(super) const STORED_IN_PLACE_ROWS: usize = 8;
+
+/// A block of stored keys or values, read in place.
+#[derive(Debug, Clone, Copy)]
+pub enum StoredBlock<'a> {
+    /// IEEE half precision.
+    F16(&'a [f16]),
+    /// bfloat16.
+    Bf16(&'a [bf16]),
+    /// int8, without its scales.
+    Int8(&'a [i8]),
+}
+
+/// A block of keys or values as the products read it.
+#[derive(Debug, Clone)]
+pub(super) enum Block<'a, E> {
+    /// In the compute type (widened into scratch if it was stored).
+    Floats(ArrayView2<'a, E>),
+    /// Stored, read in place.
+    Stored(StoredBlock<'a>),
 }
 
 /// The sizes of one attention call.
@@ -289,6 +420,110 @@ impl KeyRows<'_> {
     }
 }
 
+/// A buffer of keys or values, in the type the kernel computes in or stored in fewer bytes (a
+/// cache's choice, [`crate::KvDtype`]). A stored buffer is read a block at a time into scratch
+/// in the compute type; an `Int8` row's scale is folded into the block's scores (keys) or
+/// weights (values) instead of into every element.
+///
+/// # Shapes
+/// - every variant: the elements of [`Inputs::key`]'s shape; `Int8`'s `scales`: one per row of
+///   `head_dim` elements (a position of one key/value head)
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvBuffer<'a, E> {
+    /// In the compute type.
+    Float(&'a [E]),
+    /// IEEE half precision.
+    F16(&'a [f16]),
+    /// bfloat16.
+    Bf16(&'a [bf16]),
+    /// Symmetric int8: row `r` stands for `scales[r] · values[r]`.
+    Int8 {
+        /// The rounded multiples of each row's scale.
+        values: &'a [i8],
+        /// One per row.
+        scales: &'a [f32],
+    },
+}
+
+impl<'a, E: KernelFloat> KvBuffer<'a, E> {
+    /// Elements in the buffer.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::Float(data) => data.len(),
+            Self::F16(data) => data.len(),
+            Self::Bf16(data) => data.len(),
+            Self::Int8 { values, .. } => values.len(),
+        }
+    }
+
+    /// Rows `rows` (`head_dim` elements each) of a stored buffer as they lie, with their scales
+    /// where the rows have them; `None` for a buffer in the compute type.
+    fn stored_rows(
+        &self,
+        rows: std::ops::Range<usize>,
+        head_dim: usize,
+    ) -> Option<(StoredBlock<'a>, Option<&'a [f32]>)> {
+        let elements = rows.start * head_dim..rows.end * head_dim;
+        match *self {
+            Self::Float(_) => None,
+            Self::F16(data) => Some((StoredBlock::F16(&data[elements]), None)),
+            Self::Bf16(data) => Some((StoredBlock::Bf16(&data[elements]), None)),
+            Self::Int8 { values, scales } => {
+                Some((StoredBlock::Int8(&values[elements]), Some(&scales[rows])))
+            }
+        }
+    }
+
+    /// The buffer in the compute type: what the backward pass reads, which only runs on a
+    /// call's own keys and values.
+    fn floats(&self) -> &'a [E] {
+        match self {
+            Self::Float(data) => data,
+            _ => unreachable!("a stored cache is read by the forward pass only"),
+        }
+    }
+
+    /// Rows `rows` (`head_dim` elements each) in the compute type, widened into `scratch` unless
+    /// the buffer is in it already, with their scales where the rows have them.
+    pub(crate) fn rows<'s>(
+        &self,
+        rows: std::ops::Range<usize>,
+        head_dim: usize,
+        scratch: &'s mut [E],
+    ) -> (&'s [E], Option<&'a [f32]>)
+    where
+        'a: 's,
+    {
+        let elements = rows.start * head_dim..rows.end * head_dim;
+        if let Self::Float(data) = *self {
+            return (&data[elements], None);
+        }
+        let to = &mut scratch[..elements.len()];
+        match *self {
+            Self::Float(_) => unreachable!("returned above"),
+            Self::F16(data) => E::widen_f16(&data[elements], to),
+            Self::Bf16(data) => E::widen_bf16(&data[elements], to),
+            Self::Int8 { values, scales } => {
+                E::widen_i8(&values[elements], to);
+                return (to, Some(&scales[rows]));
+            }
+        }
+        (to, None)
+    }
+}
+
+impl<'a, E> From<&'a [E]> for KvBuffer<'a, E> {
+    fn from(data: &'a [E]) -> Self {
+        Self::Float(data)
+    }
+}
+
+impl<'a, E> From<&'a Vec<E>> for KvBuffer<'a, E> {
+    fn from(data: &'a Vec<E>) -> Self {
+        Self::Float(data)
+    }
+}
+
 /// The inputs of one attention call.
 ///
 /// # Shapes
@@ -305,9 +540,9 @@ pub struct Inputs<'a, E> {
     /// Queries.
     pub query: &'a [E],
     /// Keys.
-    pub key: &'a [E],
+    pub key: KvBuffer<'a, E>,
     /// Values.
-    pub value: &'a [E],
+    pub value: KvBuffer<'a, E>,
     /// Where the keys and values of each sequence lie in `key` and `value`.
     pub key_rows: KeyRows<'a>,
     /// Keys never attended to.
@@ -330,8 +565,8 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
         Self {
             dims,
             query,
-            key,
-            value,
+            key: KvBuffer::Float(key),
+            value: KvBuffer::Float(value),
             key_rows: KeyRows::packed(&dims),
             key_padding,
             documents: None,
@@ -444,12 +679,28 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
                 pages.count * pages.size * dims.kv_width()
             }
         };
-        assert_eq!(self.key.len(), key_len, "key buffer for {dims:?}, {rows:?}");
-        assert_eq!(
-            self.value.len(),
-            key_len,
-            "value buffer for {dims:?}, {rows:?}"
-        );
+        for (name, buffer) in [("key", self.key), ("value", self.value)] {
+            assert_eq!(
+                buffer.len(),
+                key_len,
+                "{name} buffer for {dims:?}, {rows:?}"
+            );
+            if let KvBuffer::Int8 { scales, .. } = buffer {
+                assert_eq!(scales.len() * dims.head_dim, key_len, "{name} scales");
+            }
+            if !matches!(buffer, KvBuffer::Float(_)) {
+                assert!(
+                    !matches!(
+                        rows,
+                        KeyRows::Rows {
+                            head_major: false,
+                            ..
+                        }
+                    ),
+                    "a stored {name} buffer keeps each head's rows side by side"
+                );
+            }
+        }
         if let Some(padding) = self.key_padding {
             assert_eq!(
                 padding.len(),
@@ -500,30 +751,47 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
             .expect("the buffer holds the tensor")
     }
 
-    /// The `[cols.len(), head_dim]` view of keys `cols` of key/value head `kv_head` of sequence
-    /// `batch` in `data` (the key or the value buffer); with pages, `cols` lie in one page.
-    fn key_block<'d>(
+    /// The `[cols.len(), head_dim]` block of keys `cols` of key/value head `kv_head` of sequence
+    /// `batch` in `data` (the key or the value buffer), with each key's scale where the buffer
+    /// has them: a stored block read in place where `in_place`, else in the compute type —
+    /// widened into `scratch` (`[KEY_BLOCK, head_dim]` at least) from a stored buffer. With
+    /// pages, `cols` lie in one page.
+    pub(super) fn key_block<'d>(
         &self,
-        data: &'d [E],
-        batch: usize,
-        kv_head: usize,
+        data: KvBuffer<'d, E>,
+        (batch, kv_head): (usize, usize),
         cols: std::ops::Range<usize>,
-    ) -> ArrayView2<'d, E> {
-        let KeyRows::Pages(pages) = self.key_rows else {
-            return self
-                .key_view(data, batch, kv_head)
-                .slice_axis_move(Axis(0), Slice::from(cols));
-        };
+        scratch: &'d mut [E],
+        in_place: bool,
+    ) -> (Block<'d, E>, Option<&'d [f32]>) {
         let head_dim = self.dims.head_dim;
-        let (index, slot) = (cols.start / pages.size, cols.start % pages.size);
-        debug_assert!(slot + cols.len() <= pages.size, "a block spans two pages");
-        let page = pages.tables[batch * pages.per_sequence + index] as usize;
-        let start = ((kv_head * pages.count + page) * pages.size + slot) * head_dim;
-        ArrayView2::from_shape(
-            (cols.len(), head_dim),
-            &data[start..start + cols.len() * head_dim],
-        )
-        .expect("the page holds the block")
+        let first = match self.key_rows {
+            KeyRows::Pages(pages) => {
+                let (index, slot) = (cols.start / pages.size, cols.start % pages.size);
+                debug_assert!(slot + cols.len() <= pages.size, "a block spans two pages");
+                let page = pages.tables[batch * pages.per_sequence + index] as usize;
+                (kv_head * pages.count + page) * pages.size + slot
+            }
+            KeyRows::Rows {
+                first,
+                per_sequence,
+                head_major: true,
+            } => (batch * self.dims.kv_heads + kv_head) * per_sequence + first + cols.start,
+            KeyRows::Rows { .. } => {
+                let view = self
+                    .key_view(data.floats(), batch, kv_head)
+                    .slice_axis_move(Axis(0), Slice::from(cols));
+                return (Block::Floats(view), None);
+            }
+        };
+        let rows = first..first + cols.len();
+        if in_place && let Some((block, scales)) = data.stored_rows(rows.clone(), head_dim) {
+            return (Block::Stored(block), scales);
+        }
+        let (rows, scales) = data.rows(rows, head_dim, scratch);
+        let view = ArrayView2::from_shape((cols.len(), head_dim), rows)
+            .expect("the buffer holds the block");
+        (Block::Floats(view), scales)
     }
 
     /// `keys` cut into blocks of at most [`KEY_BLOCK`], and at every page's end.
@@ -558,13 +826,26 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
         &self,
         batch: usize,
         query: &ArrayView2<E>,
-        key_block: &ArrayView2<E>,
+        (key_block, key_scales): (&Block<E>, Option<&[f32]>),
         first_row: usize,
         cols: std::ops::Range<usize>,
         scores: &mut ArrayViewMut2<E>,
     ) {
         let dims = self.dims;
-        mat_mul(self.scoring.scale, query, &key_block.t(), E::zero(), scores);
+        match key_block {
+            Block::Floats(key_block) => {
+                mat_mul(self.scoring.scale, query, &key_block.t(), E::zero(), scores);
+            }
+            Block::Stored(block) => {
+                let query = query.as_slice().expect("the query rows are row-major");
+                let scores = scores.as_slice_mut().expect("scores are row-major");
+                E::stored_scores(query, *block, dims.head_dim, scores);
+                scores.iter_mut().for_each(|s| *s = *s * self.scoring.scale);
+            }
+        }
+        if let Some(key_scales) = key_scales {
+            scale_columns(scores, key_scales);
+        }
         if let Some(cap) = self.scoring.softcap {
             let inverse = cap.recip();
             scores.mapv_inplace(|s| cap * (s * inverse).tanh());
@@ -593,6 +874,16 @@ impl<'a, E: KernelFloat> Inputs<'a, E> {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Multiplies column `j` of `matrix` by `scales[j]`: a block of int8 keys' scales folded into
+/// their scores, or of int8 values' into their weights.
+pub(super) fn scale_columns<E: KernelFloat>(matrix: &mut ArrayViewMut2<E>, scales: &[f32]) {
+    for mut row in matrix.rows_mut() {
+        for (x, &scale) in row.iter_mut().zip(scales) {
+            *x = *x * E::from_scale(scale);
         }
     }
 }

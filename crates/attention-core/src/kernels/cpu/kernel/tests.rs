@@ -50,7 +50,8 @@ fn reference(inputs: &Inputs<f64>, output_grad: &[f64]) -> (Vec<f64>, Gradients<
                     .map(|j| {
                         (0..d.head_dim)
                             .map(|c| {
-                                inputs.query[at(d.queries, b, i, h, c)] * inputs.key[kv(b, j, h, c)]
+                                inputs.query[at(d.queries, b, i, h, c)]
+                                    * inputs.key.floats()[kv(b, j, h, c)]
                             })
                             .sum::<f64>()
                             * scale
@@ -80,14 +81,14 @@ fn reference(inputs: &Inputs<f64>, output_grad: &[f64]) -> (Vec<f64>, Gradients<
                 let weights: Vec<f64> = exp.iter().map(|e| e / sum).collect();
                 for c in 0..d.head_dim {
                     output[at(d.queries, b, i, h, c)] = (0..d.keys)
-                        .map(|j| weights[j] * inputs.value[kv(b, j, h, c)])
+                        .map(|j| weights[j] * inputs.value.floats()[kv(b, j, h, c)])
                         .sum();
                 }
                 let go = |c: usize| output_grad[at(d.queries, b, i, h, c)];
                 let weight_grad: Vec<f64> = (0..d.keys)
                     .map(|j| {
                         (0..d.head_dim)
-                            .map(|c| go(c) * inputs.value[kv(b, j, h, c)])
+                            .map(|c| go(c) * inputs.value.floats()[kv(b, j, h, c)])
                             .sum()
                     })
                     .collect();
@@ -101,7 +102,7 @@ fn reference(inputs: &Inputs<f64>, output_grad: &[f64]) -> (Vec<f64>, Gradients<
                     for c in 0..d.head_dim {
                         grads.value[kv(b, j, h, c)] += weights[j] * go(c);
                         grads.query[at(d.queries, b, i, h, c)] +=
-                            score_grad * inputs.key[kv(b, j, h, c)];
+                            score_grad * inputs.key.floats()[kv(b, j, h, c)];
                         grads.key[kv(b, j, h, c)] +=
                             score_grad * inputs.query[at(d.queries, b, i, h, c)];
                     }
@@ -603,8 +604,8 @@ fn keys_inside_longer_rows_are_read_where_they_lie() {
         let from_rows = forward(Inputs {
             dims,
             query: &query,
-            key: &stored[0],
-            value: &stored[1],
+            key: KvBuffer::Float(&stored[0]),
+            value: KvBuffer::Float(&stored[1]),
             key_rows: rows,
             key_padding: None,
             documents: None,
@@ -676,8 +677,8 @@ fn keys_in_pages_are_read_through_the_tables() {
         let from_pages = forward(Inputs {
             dims,
             query: &query,
-            key: &pools[0],
-            value: &pools[1],
+            key: KvBuffer::Float(&pools[0]),
+            value: KvBuffer::Float(&pools[1]),
             key_rows: KeyRows::Pages(Pages {
                 tables: &tables,
                 per_sequence,
