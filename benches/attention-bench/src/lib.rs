@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use attention_core::{
-    AttentionInput, AttentionPath, Documents, KvCache, MultiHeadAttention,
+    AttentionInput, AttentionPath, Documents, KvCache, KvDtype, MultiHeadAttention,
     MultiHeadAttentionConfig, PagePool, PageTable, causal_attention,
 };
 use burn::backend::Autodiff;
@@ -362,6 +362,8 @@ pub struct DecodeRows {
     /// after `seq − 1`. A dense cache pads the shorter rows to the longest (their padding keys
     /// masked), as a rectangular batch does.
     pub lengths: Option<Vec<usize>>,
+    /// What the cache stores keys and values as.
+    pub kv_dtype: KvDtype,
 }
 
 impl Default for DecodeRows {
@@ -370,6 +372,7 @@ impl Default for DecodeRows {
             cache: CacheKind::Dense,
             page_size: PagePool::DEFAULT_PAGE_SIZE,
             lengths: None,
+            kv_dtype: KvDtype::Model,
         }
     }
 }
@@ -428,22 +431,29 @@ impl Timed {
 }
 
 impl Timed {
-    /// `--cache`, `--page-size` and `--lengths`: for decoding steps of our layer; a length per
-    /// row of the shape, each from 2 (a cached position and a new one) to the shape's `seq`, the
-    /// longest equal to it; pages as the pool takes them.
+    /// `--cache`, `--page-size`, `--lengths` and `--kv-dtype`: for decoding steps of our layer;
+    /// a length per row of the shape, each from 2 (a cached position and a new one) to the
+    /// shape's `seq`, the longest equal to it; pages as the pool takes them; a narrow cache on
+    /// the fused path (the CPU kernel reads it).
     fn decode_supported(&self) -> Result<(), Unsupported> {
         let DecodeRows {
             cache,
             page_size,
             lengths,
+            kv_dtype,
         } = &self.decode;
         if self.mode != Mode::Decode {
-            return match (cache, lengths) {
-                (CacheKind::Dense, None) => Ok(()),
+            return match (cache, lengths, kv_dtype) {
+                (CacheKind::Dense, None, KvDtype::Model) => Ok(()),
                 _ => Err(Unsupported(
-                    "--cache paged and --lengths are for --mode decode".into(),
+                    "--cache paged, --lengths and --kv-dtype are for --mode decode".into(),
                 )),
             };
+        }
+        if kv_dtype.is_narrow() && self.implementation != Impl::Fused {
+            return Err(Unsupported(format!(
+                "--kv-dtype {kv_dtype} is read by our kernels: --impl fused"
+            )));
         }
         if *cache == CacheKind::Paged {
             if self.implementation != Impl::Fused {
@@ -561,7 +571,7 @@ pub fn prepare<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case, Uns
                 implementation,
                 shape,
                 calls,
-                decode.lengths,
+                (decode.lengths, decode.kv_dtype),
                 &device,
             )),
             CacheKind::Paged => Ok(paged_decode::<B>(shape, calls, &decode, &device)),
@@ -569,17 +579,17 @@ pub fn prepare<B: Backend>(timed: Timed, device: &B::Device) -> Result<Case, Uns
     }
 }
 
-/// One decoding step of every row over a dense `KvCache` after `seq − 1` positions: rows shorter
-/// than that (`lengths`) are left-padded, their padding keys masked.
+/// One decoding step of every row over a dense `KvCache` of `kv_dtype` after `seq − 1`
+/// positions: rows shorter than that (`lengths`) are left-padded, their padding keys masked.
 fn dense_decode<B: Backend>(
     implementation: Impl,
     shape: Shape,
     calls: usize,
-    lengths: Option<Vec<usize>>,
+    (lengths, kv_dtype): (Option<Vec<usize>>, KvDtype),
     device: &B::Device,
 ) -> Case {
     let layer = our_layer::<B>(shape, device);
-    let mut cache: KvCache<B> = layer.new_cache();
+    let mut cache: KvCache<B> = layer.new_cache().with_kv_dtype(kv_dtype);
     let padding = lengths.map(|lengths| {
         let padded: Vec<bool> = lengths
             .iter()
@@ -597,8 +607,9 @@ fn dense_decode<B: Backend>(
         .expect("prefill fits");
     let token = input::<B>(shape, 1, device);
     let path = implementation.path();
-    let cache_bytes =
-        cache.allocated() * shape.batch * 2 * shape.kv_heads * (shape.dim / shape.heads) * 4;
+    let float_bytes = size_of::<B::FloatElem>();
+    let row_bytes = kv_dtype.row_bytes(shape.dim / shape.heads, float_bytes);
+    let cache_bytes = cache.allocated() * shape.batch * 2 * shape.kv_heads * row_bytes;
     let device = device.clone();
     Case {
         run: Box::new(move || {
@@ -639,7 +650,9 @@ fn paged_decode<B: Backend>(
         .iter()
         .map(|length| length.div_ceil(decode.page_size))
         .sum();
-    let mut pool = PagePool::new(pages, decode.page_size).expect("checked page size");
+    let mut pool = PagePool::new(pages, decode.page_size)
+        .expect("checked page size")
+        .with_kv_dtype(decode.kv_dtype);
     let mut storage = layer.new_pages(&pool).expect("pages fit");
     let mut tables: Vec<PageTable> = lengths
         .iter()

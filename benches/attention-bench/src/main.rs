@@ -21,7 +21,7 @@ use attention_bench::{
     CacheKind, DecodeRows, Impl, Mode, Shape, Timed, Unsupported, packed_documents, prepare,
     prepare_core, supports,
 };
-use attention_core::PagePool;
+use attention_core::{KvDtype, PagePool};
 use burn::prelude::*;
 use clap::Parser;
 
@@ -80,6 +80,10 @@ struct Args {
     /// A dense cache pads the rows to the longest, their padding keys masked.
     #[arg(long, value_name = "L1,L2,…", value_delimiter = ',')]
     lengths: Option<Vec<usize>>,
+    /// What a decoding step's cache stores keys and values as: `f32` (the layer's float type),
+    /// `f16`, `bf16` or `int8` (`--mode decode`, `--impl fused`; read by the CPU kernel).
+    #[arg(long, default_value_t = KvDtype::Model)]
+    kv_dtype: KvDtype,
 }
 
 /// One JSON line per shape.
@@ -107,6 +111,8 @@ struct Record<'a> {
     page_size: Option<usize>,
     /// Each decoding row's length (`--lengths`); `null` for every row at the shape's seq.
     lengths: Option<&'a [usize]>,
+    /// What the cache stores keys and values as (`--kv-dtype`).
+    kv_dtype: String,
     /// A decoding step's keys and values, in bytes: a dense cache's allocated positions, or
     /// the pages the tables hold; `null` for other modes.
     cache_bytes: Option<usize>,
@@ -176,6 +182,7 @@ fn run<B: Backend>(backend: &str, device: &B::Device, args: &Args) -> Result<(),
             cache: args.cache.name(),
             page_size: (args.cache == CacheKind::Paged).then_some(args.page_size),
             lengths: args.lengths.as_deref(),
+            kv_dtype: args.kv_dtype.to_string(),
             cache_bytes: case.cache_bytes(),
             threads: rayon::current_num_threads(),
             repeats: times.len(),
@@ -224,6 +231,7 @@ fn case_of(mut shape: Shape, args: &Args) -> Result<Timed, Unsupported> {
             cache: args.cache,
             page_size: args.page_size,
             lengths: args.lengths.clone(),
+            kv_dtype: args.kv_dtype,
         },
     })
 }

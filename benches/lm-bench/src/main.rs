@@ -31,7 +31,7 @@ use attention_backends::{BackendName, FloatType, OnBackend, compiles};
 use attention_bench::process::{median, run_on_in};
 use burn::prelude::*;
 use clap::Parser;
-use hf_models::{CausalLm, GenerateConfig, Prompts};
+use hf_models::{CausalLm, GenerateConfig, KvDtype, Prompts};
 
 /// Times prefill and decode of a Hugging Face checkpoint; prints one JSON object per batch.
 #[derive(Debug, Parser)]
@@ -87,6 +87,10 @@ struct Args {
     /// The float type the backend computes in (the checkpoint's weights are converted to it).
     #[arg(long, value_enum, default_value_t = FloatType::F32)]
     dtype: FloatType,
+    /// What the KV caches (and the engine's pages) store keys and values as: `f32` (the model's
+    /// float type), `f16`, `bf16` or `int8`.
+    #[arg(long, default_value_t = KvDtype::Model)]
+    kv_dtype: KvDtype,
 }
 
 #[derive(serde::Serialize)]
@@ -95,6 +99,8 @@ struct Record<'a> {
     implementation: &'static str,
     backend: &'a str,
     dtype: &'static str,
+    /// What the KV caches store keys and values as (`--kv-dtype`).
+    kv_dtype: String,
     /// The shader compiler of the backend's kernels; `null` on the CPU backends.
     compiler: Option<&'static str>,
     batch: usize,
@@ -137,6 +143,7 @@ impl OnBackend for Bench<'_> {
                 step_tokens: args.step_tokens,
                 prefill_while_decoding: args.prefill_while_decoding,
                 share_prefixes: !args.no_prefix_sharing,
+                kv_dtype: args.kv_dtype,
             };
             let static_batch = (!args.no_static).then_some(args.static_batch);
             return workload::run(&model, backend, path, &settings, static_batch, &device);
@@ -155,6 +162,7 @@ impl OnBackend for Bench<'_> {
             let time_generate = |new_tokens: usize| -> Result<(f64, usize), String> {
                 let config = GenerateConfig {
                     eos_token_ids: Vec::new(),
+                    kv_dtype: args.kv_dtype,
                     ..model.greedy(new_tokens)
                 };
                 let syncs = attention_core::device_syncs();
@@ -186,6 +194,7 @@ impl OnBackend for Bench<'_> {
                 implementation: "ours",
                 backend,
                 dtype: args.dtype.name(),
+                kv_dtype: args.kv_dtype.to_string(),
                 compiler: args.backend.compiler(),
                 batch,
                 prompt: args.prompt,

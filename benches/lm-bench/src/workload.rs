@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use burn::prelude::*;
 use hf_models::{
-    CausalLm, Engine, EngineConfig, EngineStats, Event, GenerateConfig, Prompts, Request,
+    CausalLm, Engine, EngineConfig, EngineStats, Event, GenerateConfig, KvDtype, Prompts, Request,
 };
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +33,8 @@ pub struct EngineSettings {
     /// `None`: the engine's default.
     pub prefill_while_decoding: Option<usize>,
     pub share_prefixes: bool,
+    /// What the caches and pages store keys and values as.
+    pub kv_dtype: KvDtype,
 }
 
 #[derive(Serialize)]
@@ -159,12 +161,14 @@ pub fn run<B: Backend>(
 
     // Continuous batching.
     let bytes_per_page =
-        Engine::bytes_per_page(model.decoder(), settings.page_size).map_err(|e| e.to_string())?;
+        Engine::bytes_per_page(model.decoder(), settings.page_size, settings.kv_dtype)
+            .map_err(|e| e.to_string())?;
     let config = EngineConfig::new((settings.kv_mib << 20) / bytes_per_page)
         .with_page_size(settings.page_size)
         .with_max_running(settings.max_running)
         .with_step_tokens(settings.step_tokens)
         .with_share_prefixes(settings.share_prefixes)
+        .with_kv_dtype(settings.kv_dtype)
         .with_prefill_while_decoding(prefill_while_decoding);
     let mut engine = Engine::new(model.decoder(), config, device).map_err(|e| e.to_string())?;
     let start = Instant::now();
@@ -205,6 +209,7 @@ pub fn run<B: Backend>(
         let longest = group.iter().map(|r| r.max_new_tokens).max().unwrap_or(0);
         let config = GenerateConfig {
             eos_token_ids: Vec::new(),
+            kv_dtype: settings.kv_dtype,
             ..model.greedy(longest)
         };
         model

@@ -261,6 +261,100 @@ pub fn apply_paths_agree_on_every_fixture(bin: &str) {
     }
 }
 
+/// `apply --path cached --kv-dtype T` on the GPT-2 fixture (heads of 4) and Llama's (heads of 8,
+/// grouped, RoPE), each step's cache stored as `T`: within what the type keeps of PyTorch's
+/// outputs (relative L2), and not exactly them — the cache does round. `--kv-dtype` without
+/// `--path cached` is refused. For a binary whose backend has the CPU kernel.
+pub fn apply_narrow_caches_track_the_fixtures(bin: &str) {
+    let dir = scratch("apply-kv-dtype");
+    let cases = [
+        (
+            "gpt2_causal_s0_b2_t7_d16_h4.safetensors",
+            &["--num-heads", "4"][..],
+        ),
+        (
+            "hf/llama_s0_b2_t7_d32_h4_kv2.safetensors",
+            &["--num-heads", "4", "--rope-theta", "10000"][..],
+        ),
+    ];
+    for (name, flags) in cases {
+        let file = fixture(name);
+        let want = StateDict::load(&file).unwrap().data("y").unwrap().clone();
+        let want = want.convert::<f64>().to_vec::<f64>().unwrap();
+        for (kv_dtype, bound) in [("f16", 1e-3), ("bf16", 1e-2), ("int8", 3e-2)] {
+            let out = dir.join(format!("{kv_dtype}.safetensors"));
+            let mut args = vec!["apply", "--weights", file.to_str().unwrap()];
+            args.extend_from_slice(flags);
+            args.extend([
+                "--input",
+                file.to_str().unwrap(),
+                "--output",
+                out.to_str().unwrap(),
+            ]);
+            args.extend(["--path", "cached", "--kv-dtype", kv_dtype]);
+            success(bin, &args);
+            let found = StateDict::load(&out).unwrap().data("y").unwrap().clone();
+            let found = found.convert::<f64>().to_vec::<f64>().unwrap();
+            let (error, norm) = found.iter().zip(&want).fold((0.0, 0.0), |(e, n), (f, w)| {
+                (e + (f - w) * (f - w), n + w * w)
+            });
+            let relative = (error / norm).sqrt();
+            assert!(
+                relative <= bound && relative > 0.0,
+                "{name}, {kv_dtype}: relative L2 {relative:e}"
+            );
+            std::fs::remove_file(&out).unwrap();
+        }
+    }
+    let file = fixture(cases[0].0);
+    let file = file.to_str().unwrap();
+    let out = dir.join("fused.safetensors");
+    let out_str = out.to_str().unwrap();
+    let args = [
+        "apply",
+        "--weights",
+        file,
+        "--num-heads",
+        "4",
+        "--input",
+        file,
+        "--output",
+    ];
+    let mut fused = args.to_vec();
+    fused.extend([out_str, "--path", "fused", "--kv-dtype", "int8"]);
+    user_error(bin, &fused, "--kv-dtype int8 is for --path cached", &out);
+}
+
+/// `apply --path cached --kv-dtype int8` on a backend whose kernel keeps the layer's float type
+/// only (the GPU kernel): one error line naming the cache type, no file.
+pub fn apply_narrow_caches_are_refused_without_the_cpu_kernel(bin: &str) {
+    let dir = scratch("apply-kv-dtype-refused");
+    let file = fixture("gpt2_causal_s0_b2_t7_d16_h4.safetensors");
+    let file = file.to_str().unwrap();
+    let out = dir.join("y.safetensors");
+    let args = [
+        "apply",
+        "--weights",
+        file,
+        "--num-heads",
+        "4",
+        "--input",
+        file,
+        "--output",
+        out.to_str().unwrap(),
+        "--path",
+        "cached",
+        "--kv-dtype",
+        "int8",
+    ];
+    user_error(
+        bin,
+        &args,
+        "key/value cache of int8 is read by the CPU kernel only",
+        &out,
+    );
+}
+
 /// `apply --scale --softcap` on Llama weights: the three paths give one output, and not the one
 /// without the flags.
 pub fn apply_score_flags_agree_on_every_path(bin: &str) {

@@ -4,8 +4,8 @@
 
 use attention_core::weights::{AttentionParams, LayerWeights, StateDict};
 use attention_core::{
-    AttentionError, AttentionInput, Documents, MultiHeadAttention, MultiHeadAttentionConfig,
-    QkNormConfig, QkNormScope, RopeConfig, RopeLayout, RopeScaling,
+    AttentionError, AttentionInput, Documents, KvDtype, MultiHeadAttention,
+    MultiHeadAttentionConfig, QkNormConfig, QkNormScope, RopeConfig, RopeLayout, RopeScaling,
 };
 use burn::backend::Autodiff;
 use burn::prelude::*;
@@ -45,6 +45,12 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
     let input = StateDict::load(&args.input)?;
     let positions = read_positions::<B>(&input, [batch, seq], device)?;
     let documents = read_documents(&input, [batch, seq])?;
+    if args.kv_dtype.is_narrow() && args.path != PathArg::Cached {
+        return Err(DemoError(format!(
+            "--kv-dtype {} is for --path cached (the other paths keep no cache)",
+            args.kv_dtype
+        )));
+    }
     if documents.is_some() && args.path == PathArg::Cached {
         // The layer refuses too (a cached call continues one sequence per row); said here first,
         // naming the file and the tensor that asked for documents.
@@ -61,7 +67,8 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
             let layer = weights
                 .to_layer::<B>(&config, device)
                 .map_err(weights_error)?;
-            let (y, attn_weights) = outputs(&layer, x, positions, documents.as_ref(), args.path)?;
+            let path = (args.path, args.kv_dtype);
+            let (y, attn_weights) = outputs(&layer, x, positions, documents.as_ref(), path)?;
             tensors.push(("y".to_string(), y.into_data()));
             tensors.extend(attn_weights.map(|w| ("attn_weights".to_string(), w.into_data())));
         }
@@ -80,8 +87,9 @@ pub fn run<B: Backend>(backend: &DemoBackend<B>, args: &ApplyArgs) -> Result<(),
             }
             let x = Tensor::<Autodiff<B>, 3>::from_inner(x).require_grad();
             let positions = positions.map(Tensor::from_inner);
+            let path = (args.path, args.kv_dtype);
             let (y, attn_weights) =
-                outputs(&layer, x.clone(), positions, documents.as_ref(), args.path)?;
+                outputs(&layer, x.clone(), positions, documents.as_ref(), path)?;
             let grads = (y.clone() * r).sum().backward();
             tensors.push(("y".to_string(), y.inner().into_data()));
             tensors
@@ -237,7 +245,7 @@ fn integer_rows<'a>(
 
 /// The layer's output on `path`, with the attention weights on the explicit path; with
 /// `documents`, each token attends within its own document only (the cached path refuses them:
-/// [`AttentionError::DocumentsWithCache`]).
+/// [`AttentionError::DocumentsWithCache`]); the cached path's cache stores `kv_dtype`.
 ///
 /// # Shapes
 /// - `x`: `[batch, seq, input_dim]`; `positions` and `documents`: `[batch, seq]`
@@ -247,7 +255,7 @@ fn outputs<C: Backend>(
     x: Tensor<C, 3>,
     positions: Option<Tensor<C, 2, Int>>,
     documents: Option<&Documents>,
-    path: PathArg,
+    (path, kv_dtype): (PathArg, KvDtype),
 ) -> Result<(Tensor<C, 3>, Option<Tensor<C, 4>>), DemoError> {
     let input = |x: Tensor<C, 3>, positions: Option<Tensor<C, 2, Int>>| {
         let mut input = AttentionInput::new(x).path(path.attention_path());
@@ -271,7 +279,7 @@ fn outputs<C: Backend>(
             if seq == 0 {
                 return Err(AttentionError::EmptySequence.into());
             }
-            let mut cache = layer.new_cache();
+            let mut cache = layer.new_cache().with_kv_dtype(kv_dtype);
             let steps = (0..seq)
                 .map(|t| {
                     let token = x.clone().slice([0..batch, t..t + 1]);

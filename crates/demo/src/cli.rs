@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use attention_core::AttentionPath;
+use attention_core::{AttentionPath, KvDtype};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Causal multi-head attention (the GPT layer of the source chapter) on one Burn backend.
@@ -161,6 +161,11 @@ pub struct ApplyArgs {
     /// How the attention core is computed.
     #[arg(long, value_enum, default_value_t = PathArg::Explicit)]
     pub path: PathArg,
+    /// With `--path cached`: what the cache stores keys and values as, `f32` (the layer's float
+    /// type), `f16`, `bf16` or `int8` (rounded once when written; read by the CPU kernel, so
+    /// ndarray or burn-flex and no `--cotangent`).
+    #[arg(long, default_value_t = KvDtype::Model)]
+    pub kv_dtype: KvDtype,
 }
 
 /// `heatmap` options.

@@ -2,7 +2,7 @@
 //! where a family has them), the blocks, a final norm and the LM head, with and without the
 //! blocks' KV caches.
 
-use attention_core::{AttentionError, KvCache};
+use attention_core::{AttentionError, KvCache, KvDtype};
 use burn::nn::{Dropout, Embedding, Linear};
 use burn::prelude::*;
 use cpu_linalg::projection::{self, PackedWeightsCache};
@@ -93,9 +93,15 @@ impl<B: Backend> Decoder<B> {
     /// One empty KV cache per block, for [`forward_cached`](Self::forward_cached) and
     /// [`try_forward`](Self::try_forward).
     pub fn new_caches(&self) -> Vec<KvCache<B>> {
+        self.new_caches_of(KvDtype::Model)
+    }
+
+    /// [`new_caches`](Self::new_caches) storing keys and values as `kv_dtype` (see
+    /// [`KvDtype`]).
+    pub fn new_caches_of(&self, kv_dtype: KvDtype) -> Vec<KvCache<B>> {
         self.blocks
             .iter()
-            .map(|block| block.attention.new_cache())
+            .map(|block| block.attention.new_cache().with_kv_dtype(kv_dtype))
             .collect()
     }
 

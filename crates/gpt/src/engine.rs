@@ -34,7 +34,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use attention_core::{AttentionError, LayerPages, PagePool};
+use attention_core::{AttentionError, KvDtype, LayerPages, PagePool};
 use burn::prelude::*;
 use burn::tensor::TensorData;
 use thiserror::Error;
@@ -67,6 +67,9 @@ pub struct EngineConfig {
     /// Whether a request whose prompt begins with whole pages another sequence holds maps those
     /// pages instead of computing them (prefix caching).
     pub share_prefixes: bool,
+    /// What the pool's pages store keys and values as ([`KvDtype`]); the pool's bytes per page
+    /// follow ([`Engine::bytes_per_page`]).
+    pub kv_dtype: KvDtype,
     /// Pages that finished requests may keep held for later requests' prefixes; the oldest go
     /// first, and all of them before a running sequence is preempted. 0 keeps none.
     pub retain_pages: usize,
@@ -84,6 +87,7 @@ impl EngineConfig {
             prefill_while_decoding: 32,
             share_prefixes: true,
             retain_pages: 0,
+            kv_dtype: KvDtype::Model,
         }
     }
 
@@ -123,6 +127,11 @@ impl EngineConfig {
             share_prefixes,
             ..self
         }
+    }
+
+    /// With the pages storing keys and values as `kv_dtype`.
+    pub fn with_kv_dtype(self, kv_dtype: KvDtype) -> Self {
+        Self { kv_dtype, ..self }
     }
 
     /// Finished requests keeping up to `retain_pages` pages for later prefixes.
@@ -400,7 +409,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 max_running: config.max_running,
             });
         }
-        let pool = PagePool::new(config.pages, config.page_size)?;
+        let pool = PagePool::new(config.pages, config.page_size)?.with_kv_dtype(config.kv_dtype);
         let storage = model.new_pages(&pool)?;
         Ok(Self {
             model,
@@ -417,10 +426,14 @@ impl<'m, B: Backend> Engine<'m, B> {
         })
     }
 
-    /// Bytes a page takes over every layer of `model` (keys and values): the pool's bytes are
-    /// this times its pages.
-    pub fn bytes_per_page(model: &Decoder<B>, page_size: usize) -> Result<usize, EngineError> {
-        let pool = PagePool::new(1, page_size)?;
+    /// Bytes a page of `page_size` positions stored as `kv_dtype` takes over every layer of
+    /// `model` (keys and values, with their scales): the pool's bytes are this times its pages.
+    pub fn bytes_per_page(
+        model: &Decoder<B>,
+        page_size: usize,
+        kv_dtype: KvDtype,
+    ) -> Result<usize, EngineError> {
+        let pool = PagePool::new(1, page_size)?.with_kv_dtype(kv_dtype);
         let storage = model.new_pages(&pool)?;
         Ok(storage
             .iter()

@@ -5,6 +5,7 @@
 //! the pad id. Tokens are chosen where the logits are ([`Sampler::pick_rows`]): a step reads back
 //! only its `[batch]` ids, and the logits only when asked for.
 
+use attention_core::KvDtype;
 use burn::prelude::*;
 use burn::tensor::{Bool, TensorData};
 use thiserror::Error;
@@ -245,6 +246,9 @@ pub struct GenerateConfig {
     /// [`Generation::step_logits`]. Off by default: they stay on the device, and a step reads
     /// back only its ids.
     pub step_logits: bool,
+    /// What the KV caches store keys and values as: the model's float type (the default), or
+    /// fewer bytes per position ([`KvDtype`]).
+    pub kv_dtype: KvDtype,
 }
 
 impl GenerateConfig {
@@ -258,6 +262,7 @@ impl GenerateConfig {
             use_cache: true,
             prompt_logits: false,
             step_logits: false,
+            kv_dtype: KvDtype::Model,
         }
     }
 }
@@ -310,7 +315,9 @@ impl<B: Backend> Decoder<B> {
             });
         }
         let mut sequence = Sequence::new(prompts);
-        let mut caches = config.use_cache.then(|| self.new_caches());
+        let mut caches = config
+            .use_cache
+            .then(|| self.new_caches_of(config.kv_dtype));
         let prompt_input = sequence.input(0, device);
         let (prompt_logits, mut next_logits) = if config.prompt_logits {
             let logits = self.try_forward(&prompt_input, caches.as_deref_mut(), Logits::All)?;

@@ -55,6 +55,9 @@ mod packing;
 mod paged;
 mod sampling;
 
+/// What a KV cache stores keys and values as, re-exported for the caches' and the engine's
+/// configs.
+pub use attention_core::KvDtype;
 pub use block::DecoderBlock;
 pub use config::{GptConfig, GptConfigError, GptModel};
 pub use decoder::{Decoder, DecoderError};

@@ -47,7 +47,8 @@ pub use config::{
 };
 pub use gpt::{
     Activation, Completion, Decoder, DecoderBlock, Engine, EngineConfig, EngineError, EngineStats,
-    Event, Finish, GatedMlp, GenerateConfig, GenerateError, Generation, LmInput, Mlp, Norm,
-    PlainMlp, Prompts, PromptsError, Request, RequestError, RequestId, Sampling, SamplingError,
+    Event, Finish, GatedMlp, GenerateConfig, GenerateError, Generation, KvDtype, LmInput, Mlp,
+    Norm, PlainMlp, Prompts, PromptsError, Request, RequestError, RequestId, Sampling,
+    SamplingError,
 };
 pub use model::{CausalLm, ModelError};

@@ -23,3 +23,13 @@ fn no_adapter_is_one_clear_line() {
         "{lines:?}"
     );
 }
+
+/// The GPU kernel keeps the layer's float type only: a narrow cache is one clear error.
+#[test]
+fn apply_narrow_caches_are_refused_without_the_cpu_kernel() {
+    if test_support::wgpu_device_for_test("apply_narrow_caches_are_refused_without_the_cpu_kernel")
+        .is_some()
+    {
+        demo_cli_cases::apply_narrow_caches_are_refused_without_the_cpu_kernel(BIN);
+    }
+}

@@ -22,7 +22,7 @@ use std::process::ExitCode;
 use attention_backends::{BackendName, DispatchError, FloatType, OnBackend, dispatch_in};
 use burn::prelude::*;
 use clap::Parser;
-use hf_models::{CausalLm, GenerateConfig, GenerateError, LoadError, Sampling};
+use hf_models::{CausalLm, GenerateConfig, GenerateError, KvDtype, LoadError, Sampling};
 use thiserror::Error;
 
 /// What the user is told, as one `error:` line.
@@ -98,6 +98,11 @@ struct Cli {
     /// while prompts are admitted.
     #[arg(long)]
     prefill_while_decoding: Option<usize>,
+    /// What the KV cache stores keys and values as: `f32` (the model's float type), `f16`,
+    /// `bf16` or `int8` (fewer bytes per position; read in place by the CPU kernel, so
+    /// `--backend flex` or `ndarray`).
+    #[arg(long, default_value_t = KvDtype::Model)]
+    kv_dtype: KvDtype,
 }
 
 impl Cli {
@@ -116,6 +121,7 @@ impl Cli {
     fn generate_config<B: Backend>(&self, model: &CausalLm<B>) -> GenerateConfig {
         GenerateConfig {
             sampling: self.sampling(),
+            kv_dtype: self.kv_dtype,
             ..model.greedy(self.new_tokens)
         }
     }

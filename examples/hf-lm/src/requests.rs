@@ -48,13 +48,14 @@ pub fn run<B: Backend>(cli: &Cli, path: &Path, device: &B::Device) -> Result<boo
     let bytes = tensor_files::read_bytes(path)?;
     let model = CausalLm::<B>::load(&cli.model, device)?;
     let texts = crate::text::Texts::load(&cli.model)?;
-    let bytes_per_page = Engine::bytes_per_page(model.decoder(), cli.page_size)
+    let bytes_per_page = Engine::bytes_per_page(model.decoder(), cli.page_size, cli.kv_dtype)
         .map_err(|e| CliError::Input(format!("--page-size: {e}")))?;
     let pages = (cli.kv_mib << 20) / bytes_per_page;
     let config = EngineConfig::new(pages)
         .with_page_size(cli.page_size)
         .with_max_running(cli.max_running)
-        .with_step_tokens(cli.step_tokens);
+        .with_step_tokens(cli.step_tokens)
+        .with_kv_dtype(cli.kv_dtype);
     let config = match cli.prefill_while_decoding {
         Some(tokens) => config.with_prefill_while_decoding(tokens),
         None => config,

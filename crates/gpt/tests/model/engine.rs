@@ -10,8 +10,8 @@ use crate::packed::{VOCAB, llama_style};
 use attention_backends::{Flex, NdArray, Wgpu};
 use burn::prelude::*;
 use gpt::{
-    Completion, Decoder, Engine, EngineConfig, EngineError, Event, Finish, Request, RequestError,
-    RequestId, Sampling, SamplingError,
+    Completion, Decoder, Engine, EngineConfig, EngineError, Event, Finish, GenerateConfig, KvDtype,
+    Prompts, Request, RequestError, RequestId, Sampling, SamplingError,
 };
 
 const CONTEXT: usize = 160;
@@ -447,6 +447,53 @@ fn shared_prefixes_are_mapped_not_computed<B: Backend>(device: &B::Device) {
     assert_eq!(engine.stats().prefix_tokens_shared, 64);
     engine.forget_prefixes();
     assert!(engine.pool().is_whole());
+}
+
+/// Pages stored in fewer bytes give each request the greedy tokens of generating it alone through
+/// dense caches of the same type (both round the same keys once, when written), chunked or
+/// whole, with the pool's bytes per page cut as the type says.
+fn narrow_pages_give_what_narrow_dense_caches_give<B: Backend>(device: &B::Device) {
+    let requests = requests();
+    let model = llama_style::<B>(device, CONTEXT, [None, None]);
+    let f32_page = Engine::bytes_per_page(&model, 32, KvDtype::Model).unwrap();
+    for kv_dtype in [KvDtype::Int8, KvDtype::F16] {
+        let want: Vec<Vec<u32>> = requests
+            .iter()
+            .map(|request| {
+                let prompts = Prompts::left_padded(std::slice::from_ref(&request.ids), 0).unwrap();
+                let config = GenerateConfig {
+                    kv_dtype,
+                    ..GenerateConfig::greedy(request.max_new_tokens)
+                };
+                let generation = model.generate_batch(&prompts, &config, device).unwrap();
+                generation.tokens[0][request.ids.len()..].to_vec()
+            })
+            .collect();
+        for (setting, config) in configs().into_iter().take(2) {
+            let mut engine = Engine::new(&model, config.with_kv_dtype(kv_dtype), device).unwrap();
+            let served = serve(&mut engine, &requests);
+            for (index, (_, completion)) in served.iter().enumerate() {
+                assert_eq!(
+                    completion.generated, want[index],
+                    "{kv_dtype}, {setting}: request {index}'s tokens"
+                );
+            }
+            assert!(
+                engine.pool().is_whole(),
+                "{kv_dtype}, {setting}: pages left"
+            );
+        }
+        let page = Engine::bytes_per_page(&model, 32, kv_dtype).unwrap();
+        let head_dim = 4;
+        let expected = f32_page / (head_dim * 4) * kv_dtype.row_bytes(head_dim, 4);
+        assert_eq!(page, expected, "{kv_dtype}: bytes per page");
+    }
+}
+
+#[test]
+fn narrow_pages_give_what_narrow_dense_caches_give_on_ndarray_and_flex() {
+    narrow_pages_give_what_narrow_dense_caches_give::<NdArray>(&Default::default());
+    narrow_pages_give_what_narrow_dense_caches_give::<Flex>(&Default::default());
 }
 
 #[test]
