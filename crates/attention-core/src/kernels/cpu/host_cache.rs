@@ -393,7 +393,7 @@ impl HostStorage {
         with_host_kv!(self, kv => kv.allocated)
     }
 
-    /// What the storage stores, for the layer's float type `dtype`.
+    /// What the storage keeps keys and values as.
     pub fn kv_dtype(&self) -> KvDtype {
         match self {
             Self::F32(_) | Self::F64(_) => KvDtype::Model,
