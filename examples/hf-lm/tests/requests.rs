@@ -8,7 +8,12 @@ use serde_json::Value;
 use test_support::fixture;
 
 fn hf_lm(model: &Path, requests: &Path, backend: &str) -> Output {
+    hf_lm_with(model, requests, backend, &[])
+}
+
+fn hf_lm_with(model: &Path, requests: &Path, backend: &str, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hf-lm"))
+        .args(extra)
         .args([
             "--model",
             model.to_str().unwrap(),
@@ -173,4 +178,54 @@ fn requests_give_transformers_tokens_and_bad_lines_fail_alone() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert_eq!(results(&output).len(), 1);
+}
+
+/// `--kv-dtype`: two requests served over pages in int8 and in f16 on the CPU backends, each
+/// making its 12 tokens; on wgpu, whose kernel keeps the model's float type only, the engine is
+/// refused in one error line that names the cache type.
+#[test]
+fn narrow_caches_serve_requests_on_the_cpu_kernel() {
+    let model = fixture("hf/mistral_tiny_s3");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("requests.jsonl");
+    let lines = [
+        r#"{"id": "a", "ids": [5, 17, 9, 4, 30, 2], "max_new_tokens": 12, "stop_ids": []}"#,
+        r#"{"id": "b", "ids": [12, 3], "max_new_tokens": 12, "stop_ids": []}"#,
+    ];
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    for kv_dtype in ["int8", "f16"] {
+        for backend in ["ndarray", "flex"] {
+            let output = hf_lm_with(&model, &path, backend, &["--kv-dtype", kv_dtype]);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(
+                output.status.code(),
+                Some(0),
+                "{kv_dtype}, {backend}: {stderr}"
+            );
+            let results = results(&output);
+            assert_eq!(results.len(), 2, "{kv_dtype}, {backend}: {results:?}");
+            for result in &results {
+                assert_eq!(result["finish"], "length", "{result}");
+                assert_eq!(
+                    result["generated"].as_array().unwrap().len(),
+                    12,
+                    "{result}"
+                );
+            }
+        }
+    }
+    if test_support::wgpu_device_for_test("narrow_caches_serve_requests_on_the_cpu_kernel")
+        .is_some()
+    {
+        let output = hf_lm_with(&model, &path, "wgpu", &["--kv-dtype", "int8"]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let lines: Vec<&str> = stderr.lines().filter(|line| !line.is_empty()).collect();
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert_eq!(lines.len(), 1, "{stderr}");
+        assert!(
+            lines[0].starts_with("error: ") && lines[0].contains("key/value cache of int8"),
+            "{stderr}"
+        );
+        assert!(output.stdout.is_empty());
+    }
 }
