@@ -295,10 +295,7 @@ pub fn apply_narrow_caches_track_the_fixtures(bin: &str) {
             success(bin, &args);
             let found = StateDict::load(&out).unwrap().data("y").unwrap().clone();
             let found = found.convert::<f64>().to_vec::<f64>().unwrap();
-            let (error, norm) = found.iter().zip(&want).fold((0.0, 0.0), |(e, n), (f, w)| {
-                (e + (f - w) * (f - w), n + w * w)
-            });
-            let relative = (error / norm).sqrt();
+            let relative = test_support::relative_l2(&found, &want);
             assert!(
                 relative <= bound && relative > 0.0,
                 "{name}, {kv_dtype}: relative L2 {relative:e}"

@@ -63,6 +63,22 @@ pub fn fixture(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
+/// `‖found − want‖ / ‖want‖`, the relative L2 error of `found`, in `f64`.
+///
+/// # Panics
+/// When the lengths differ.
+pub fn relative_l2<T: Copy + Into<f64>>(found: &[T], want: &[T]) -> f64 {
+    assert_eq!(found.len(), want.len(), "relative L2 of different lengths");
+    let (error, norm) = found
+        .iter()
+        .zip(want)
+        .fold((0.0, 0.0), |(error, norm), (&f, &w)| {
+            let (f, w): (f64, f64) = (f.into(), w.into());
+            (error + (f - w) * (f - w), norm + w * w)
+        });
+    (error / norm).sqrt()
+}
+
 /// `len` deterministic values, uniform in `[-1, 1)`, from `seed` (a xorshift generator: the same
 /// values on every machine and run). Tests scale them to the range they need.
 pub fn values(len: usize, seed: u64) -> Vec<f64> {

@@ -31,13 +31,9 @@ fn floats<B: Backend>(tensor: Tensor<B, 3>) -> Vec<f64> {
     tensor.into_data().convert::<f64>().to_vec().unwrap()
 }
 
-/// `‖found − want‖ / ‖want‖`.
+/// The relative L2 error of `found` against `want`.
 fn relative_l2<B: Backend>(found: Tensor<B, 3>, want: Tensor<B, 3>) -> f64 {
-    let (found, want) = (floats(found), floats(want));
-    let (error, norm) = found.iter().zip(&want).fold((0.0, 0.0), |(e, n), (f, w)| {
-        (e + (f - w) * (f - w), n + w * w)
-    });
-    (error / norm).sqrt()
+    test_support::relative_l2(&floats(found), &floats(want))
 }
 
 /// The most each type may lose against the f32 cache, relative L2 of a step's outputs.

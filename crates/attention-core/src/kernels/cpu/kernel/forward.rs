@@ -217,9 +217,11 @@ fn forward_block_over<E: KernelFloat>(
     let mut out_buffer = vec![E::zero(); most_rows * head_dim];
     let mut row_max = vec![E::neg_infinity(); most_rows];
     let mut row_sum = vec![E::zero(); most_rows];
-    // A stored cache's blocks, widened to the compute type (unused for one in it already).
+    // A stored cache's blocks, widened to the compute type where a part has more rows than are
+    // read in place (none for a cache in the compute type, or for a decoding step's few rows).
     let stored = !matches!(inputs.key, KvBuffer::Float(_));
-    let scratch_len = if stored { KEY_BLOCK * head_dim } else { 0 };
+    let widens = stored && !(E::READS_STORED && most_rows <= STORED_IN_PLACE_ROWS);
+    let scratch_len = if widens { KEY_BLOCK * head_dim } else { 0 };
     let (mut key_scratch, mut value_scratch) =
         (vec![E::zero(); scratch_len], vec![E::zero(); scratch_len]);
     for kv_head in kv_heads {

@@ -494,21 +494,19 @@ impl<'a, E: KernelFloat> KvBuffer<'a, E> {
     where
         'a: 's,
     {
-        let elements = rows.start * head_dim..rows.end * head_dim;
-        if let Self::Float(data) = *self {
-            return (&data[elements], None);
+        let Some((block, scales)) = self.stored_rows(rows.clone(), head_dim) else {
+            return (
+                &self.floats()[rows.start * head_dim..rows.end * head_dim],
+                None,
+            );
+        };
+        let to = &mut scratch[..rows.len() * head_dim];
+        match block {
+            StoredBlock::F16(data) => E::widen_f16(data, to),
+            StoredBlock::Bf16(data) => E::widen_bf16(data, to),
+            StoredBlock::Int8(data) => E::widen_i8(data, to),
         }
-        let to = &mut scratch[..elements.len()];
-        match *self {
-            Self::Float(_) => unreachable!("returned above"),
-            Self::F16(data) => E::widen_f16(&data[elements], to),
-            Self::Bf16(data) => E::widen_bf16(&data[elements], to),
-            Self::Int8 { values, scales } => {
-                E::widen_i8(&values[elements], to);
-                return (to, Some(&scales[rows]));
-            }
-        }
-        (to, None)
+        (to, scales)
     }
 }
 

@@ -69,18 +69,6 @@ fn relative_max(found: &[f32], want: &[f32]) -> f32 {
     error / scale
 }
 
-/// `‖found − want‖ / ‖want‖`.
-fn relative_l2(found: &[f32], want: &[f32]) -> f64 {
-    let (error, norm) = found
-        .iter()
-        .zip(want)
-        .fold((0.0f64, 0.0f64), |(error, norm), (&f, &w)| {
-            let (f, w) = (f64::from(f), f64::from(w));
-            (error + (f - w) * (f - w), norm + w * w)
-        });
-    (error / norm).sqrt()
-}
-
 /// One stored type against its widened values, over every reading and variant.
 fn stored_equals_widened<S: Stored<Compute = f32>>(name: &str) {
     let sinks = [0.5f32, -1.0, 2.0, 0.0];
@@ -221,7 +209,7 @@ fn decode_error<S: Stored<Compute = f32>>(outliers: bool) -> f64 {
     };
     let exact = forward(inputs(KvBuffer::Float(&keys), KvBuffer::Float(&values)));
     let stored = forward(inputs(buffer(&stored_keys), buffer(&stored_values)));
-    relative_l2(&stored.output, &exact.output)
+    test_support::relative_l2(&stored.output, &exact.output)
 }
 
 #[test]
