@@ -383,3 +383,30 @@ fn id_files_that_do_not_fit_the_model_are_refused() {
         .unwrap();
     assert!(logits.iter().all(|x| x.is_finite()));
 }
+
+/// `--kv-dtype` outside its four names: exit 2, an error naming the value and the choices, no
+/// panic, and a file already at `--output` left as it was.
+#[test]
+fn an_unknown_cache_type_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture("hf/mistral_tiny_s3");
+    let (input, output) = (
+        dir.path().join("ids.safetensors"),
+        dir.path().join("out.safetensors"),
+    );
+    std::fs::write(&output, b"kept").unwrap();
+    let (code, stderr) = hf_lm_guarded(
+        &args(&model, &input, &output, &["--kv-dtype", "fp8"]),
+        dir.path(),
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("error: ")
+            && first.contains("fp8")
+            && first.contains("f16, bf16 or int8"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(std::fs::read(&output).unwrap(), b"kept");
+}
