@@ -356,10 +356,11 @@ pub enum AttentionError {
     )]
     PagedWithAutodiff,
     /// A cache of a narrow [`KvDtype`](crate::KvDtype) where the step's keys go to storage that
-    /// keeps the layer's float type only.
+    /// does not keep that type.
     #[error(
-        "a key/value cache of {kv_dtype} is read by the CPU kernel only (ndarray, burn-flex, fused \
-         or default path, no `Autodiff`); this step's keys go to {storage}"
+        "a key/value cache of {kv_dtype} is not read where this step's keys go: {storage} (the CPU \
+         kernel reads f16, bf16 and int8 caches, the GPU kernel f16 and int8, on the fused or \
+         default path without `Autodiff`)"
     )]
     KvDtypeUnsupported {
         /// The cache's type.

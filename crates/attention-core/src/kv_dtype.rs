@@ -10,9 +10,10 @@ use std::str::FromStr;
 ///
 /// A narrower type stores each cached position in fewer bytes, which a decoding step — reading
 /// every cached key and value once — reads in less time. The keys and values of a step are
-/// rounded once, when they are written; the CPU kernel reads them in place, a block at a time
-/// widened into scratch, and computes in `f32`. Only the CPU kernel (ndarray, burn-flex) reads
-/// a narrow cache today: elsewhere, and on the explicit path, a narrow cache is
+/// rounded once, when they are written; the kernels read them in place and compute in the
+/// model's float type (`f32` on the CPU): the CPU kernel (ndarray, burn-flex) reads every type,
+/// the GPU kernel (wgpu, CUDA) f16 (on devices with f16) and int8. Elsewhere (a bf16 cache on
+/// the GPU, the explicit path, `Autodiff`) a narrow cache is
 /// [`AttentionError::KvDtypeUnsupported`](crate::AttentionError::KvDtypeUnsupported).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum KvDtype {
@@ -22,7 +23,8 @@ pub enum KvDtype {
     /// IEEE half precision: half of `f32`'s bytes. Finite values beyond ±65 504 are saturated to
     /// ±65 504; infinities and NaN are kept (and give what they give with an `f32` cache).
     F16,
-    /// bfloat16: half of `f32`'s bytes, `f32`'s range with 8 bits of mantissa.
+    /// bfloat16: half of `f32`'s bytes, `f32`'s range with 8 bits of mantissa (the CPU kernel
+    /// only).
     Bf16,
     /// Symmetric int8 with one `f32` scale per position and key/value head (`max |x| / 127`,
     /// vLLM's per-token-head int8): a quarter of `f32`'s bytes plus the scale. A row of zeros

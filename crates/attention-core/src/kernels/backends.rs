@@ -207,7 +207,7 @@ pub(crate) fn warn_gathering_pages<B: Backend>() {
     static WARNED: AtomicBool = AtomicBool::new(false);
     if !WARNED.swap(true, Ordering::Relaxed) {
         eprintln!(
-            "note: attention-core reads a page pool in place on the CPU kernel only: on {} each \
+            "note: attention-core reads a page pool in place on its own kernels only: on {} each \
              sequence's pages are gathered into tensors for Burn's attention op (or the explicit \
              path) at every step",
             std::any::type_name::<B>()

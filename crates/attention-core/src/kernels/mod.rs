@@ -102,6 +102,10 @@ macro_rules! untracked_kernel_inputs {
 // Without a CPU backend feature the list is empty.
 #[cfg_attr(not(any(feature = "ndarray", feature = "flex")), allow(unused))]
 mod backends;
+// Without a GPU backend feature nothing reads device storage of a narrow type; the cache's
+// seams still name it.
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused))]
+mod device_kv;
 // Without a CPU backend feature nothing reaches the CPU kernel; it still compiles (and is tested
 // under the default features).
 #[cfg_attr(not(any(feature = "ndarray", feature = "flex")), allow(unused))]

@@ -8,6 +8,7 @@ use burn::tensor::DType;
 
 use super::backends::Kernel;
 use super::cpu::HostStorage;
+use super::device_kv::DeviceKv;
 use crate::KvDtype;
 use crate::error::AttentionError;
 use crate::paged::{PageCopy, RaggedStep};
@@ -17,21 +18,22 @@ use crate::paged::{PageCopy, RaggedStep};
 /// # Shapes
 /// - `CpuHost`: `[kv_heads, pages · page_size, head_dim]` (one sequence of every page's
 ///   positions), the layout the CPU kernel reads in place
-/// - `Tensors`: keys, values `[pages, page_size, kv_heads · head_dim]`, which the GPU kernel
-///   reads as one `[pages · page_size, kv_heads · head_dim]` pool
+/// - `Tensors`: keys, values `[pages, page_size, kv_heads · head_dim]` (see [`DeviceKv`]),
+///   which the GPU kernel reads as one `[pages · page_size, kv_heads · head_dim]` pool
 #[derive(Debug, Clone)]
 pub(crate) enum PagedStorage<B: Backend> {
     CpuHost(HostStorage),
     Tensors {
-        keys: Tensor<B, 3>,
-        values: Tensor<B, 3>,
+        keys: DeviceKv<B>,
+        values: DeviceKv<B>,
     },
 }
 
 impl<B: Backend> PagedStorage<B> {
     /// Zeroed storage for `pages` pages: in host memory for the CPU kernel, else in tensors.
     ///
-    /// Errors for a narrow `kv_dtype` anywhere but in the CPU kernel's host memory.
+    /// Errors for a narrow `kv_dtype` that no kernel reads here: anywhere but in the CPU
+    /// kernel's host memory and the GPU kernel's tensors (there f16 and int8).
     pub(crate) fn zeros(
         [pages, page_size, kv_heads, head_dim]: [usize; 4],
         device: &B::Device,
@@ -43,13 +45,22 @@ impl<B: Backend> PagedStorage<B> {
             let shape = [1, kv_heads, pages * page_size, head_dim];
             return Ok(Self::CpuHost(HostStorage::zeros(dtype, kv_dtype, shape)));
         }
-        if kv_dtype.is_narrow() {
+        if Kernel::of::<B>() == Some(Kernel::Gpu) && Kernel::reads_pages::<B>() {
+            super::storage::check_device_reads::<B>(kv_dtype, device)?;
+        } else if kv_dtype.is_narrow() {
             return Err(AttentionError::KvDtypeUnsupported {
                 kv_dtype,
-                storage: "the pages' Burn tensors (a backend without the CPU kernel)",
+                storage: "the pages' Burn tensors (a backend without a kernel of this crate)",
             });
         }
-        let zeros = || Tensor::zeros([pages, page_size, kv_heads * head_dim], (device, dtype));
+        let zeros = || {
+            DeviceKv::zeros(
+                [pages, page_size, kv_heads, head_dim],
+                device,
+                dtype,
+                kv_dtype,
+            )
+        };
         Ok(Self::Tensors {
             keys: zeros(),
             values: zeros(),
@@ -74,12 +85,9 @@ impl<B: Backend> PagedStorage<B> {
                     host.copy_positions(from * page_size..(from + 1) * page_size, to * page_size)
                 }
                 Self::Tensors { keys, values } => {
-                    for tensor in [keys, values] {
-                        let [_, size, width] = tensor.dims();
-                        let page = tensor.clone().narrow(0, from, 1);
-                        *tensor = tensor
-                            .clone()
-                            .slice_assign([to..to + 1, 0..size, 0..width], page);
+                    for rows in [keys, values] {
+                        let page = rows.clone().narrow(0, from, 1);
+                        *rows = rows.clone().assigned([to..to + 1, 0..page_size], page);
                     }
                 }
             }
@@ -96,16 +104,18 @@ impl<B: Backend> PagedStorage<B> {
         keys: &Tensor<B, 3>,
         values: &Tensor<B, 3>,
     ) -> Result<(), AttentionError> {
-        match self {
-            Self::CpuHost(host) if host.kv_dtype() == KvDtype::Int8 => {
-                super::storage::check_finite([keys, values], |token| {
-                    let sequence = step.offsets().partition_point(|&start| start <= token) - 1;
-                    let s = &step.sequences()[sequence];
-                    (sequence, s.past + token - step.offsets()[sequence])
-                })
-            }
-            _ => Ok(()),
+        let int8 = match self {
+            Self::CpuHost(host) => host.kv_dtype() == KvDtype::Int8,
+            Self::Tensors { keys, .. } => matches!(keys, DeviceKv::Int8 { .. }),
+        };
+        if !int8 {
+            return Ok(());
         }
+        super::storage::check_finite([keys, values], |token| {
+            let sequence = step.offsets().partition_point(|&start| start <= token) - 1;
+            let s = &step.sequences()[sequence];
+            (sequence, s.past + token - step.offsets()[sequence])
+        })
     }
 
     /// Writes the step's new keys and values at their sequences' places.
@@ -131,7 +141,11 @@ impl<B: Backend> PagedStorage<B> {
                 keys: stored_keys,
                 values: stored_values,
             } => {
-                // One slice per run of a sequence's tokens within one page.
+                // Encoded once, then one slice per run of a sequence's tokens within one page.
+                let (keys, values) = (
+                    stored_keys.encode_like(keys),
+                    stored_values.encode_like(values),
+                );
                 for (sequence, s) in step.sequences().iter().enumerate() {
                     let mut token = 0;
                     while token < s.new {
@@ -141,9 +155,8 @@ impl<B: Backend> PagedStorage<B> {
                         for (stored, new) in
                             [(&mut *stored_keys, &keys), (&mut *stored_values, &values)]
                         {
-                            let width = new.dims()[2];
-                            *stored = stored.clone().slice_assign(
-                                [page..page + 1, slot..slot + run, 0..width],
+                            *stored = stored.clone().assigned(
+                                [page..page + 1, slot..slot + run],
                                 new.clone().narrow(1, from, run),
                             );
                         }
@@ -166,8 +179,12 @@ impl<B: Backend> PagedStorage<B> {
         first: usize,
         kv_heads: usize,
     ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let Self::Tensors { keys, values } = self else {
-            unreachable!("host pages are read in place by the CPU kernel")
+        let Self::Tensors {
+            keys: DeviceKv::Float(keys),
+            values: DeviceKv::Float(values),
+        } = self
+        else {
+            unreachable!("host pages and narrow pages are read in place by a kernel")
         };
         let size = step.page_size();
         let end = step.sequences()[sequence].keys();

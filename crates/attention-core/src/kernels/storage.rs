@@ -5,9 +5,11 @@
 use std::ops::Range;
 
 use burn::prelude::*;
+use burn::tensor::DType;
 
 use super::backends::Kernel;
 use super::cpu::HostStorage;
+use super::device_kv::DeviceKv;
 use crate::KvDtype;
 use crate::error::AttentionError;
 
@@ -19,7 +21,7 @@ use crate::error::AttentionError;
 /// - `CpuHost`: host memory, each head's positions side by side, `[batch, kv_heads, allocated,
 ///   head_dim]`
 /// - `Device`: device tensors in the GPU kernel's layout, keys, values `[batch, allocated,
-///   kv_heads · head_dim]`
+///   kv_heads · head_dim]` in the cache's [`KvDtype`] (see [`DeviceKv`])
 #[derive(Debug, Clone)]
 pub(crate) enum KvStorage<B: Backend> {
     Tensors {
@@ -28,8 +30,8 @@ pub(crate) enum KvStorage<B: Backend> {
     },
     CpuHost(HostStorage),
     Device {
-        keys: Tensor<B, 3>,
-        values: Tensor<B, 3>,
+        keys: DeviceKv<B>,
+        values: DeviceKv<B>,
     },
 }
 
@@ -91,8 +93,8 @@ impl Kind {
 
 impl<B: Backend> NewKv<B> {
     /// Checks that a cache of `kv_dtype` can keep these keys and values: a narrow type only in
-    /// the CPU kernel's storage, and int8 only for finite values (`past`: the cached positions
-    /// before them, to say where one is not).
+    /// a kernel's storage that reads it, and int8 only for finite values (`past`: the cached
+    /// positions before them, to say where one is not).
     pub(crate) fn check_storable(
         &self,
         kv_dtype: KvDtype,
@@ -102,24 +104,37 @@ impl<B: Backend> NewKv<B> {
             return Ok(());
         }
         match (Kind::for_new(self), self) {
-            (Kind::CpuHost, Self::SideBySide { keys, values }) => {
+            (kind @ (Kind::CpuHost | Kind::Device), Self::SideBySide { keys, values }) => {
+                if kind == Kind::Device {
+                    check_device_reads::<B>(kv_dtype, &keys.device())?;
+                }
                 if kv_dtype == KvDtype::Int8 {
                     let [_, new, _] = keys.dims();
                     check_finite([keys, values], |token| (token / new, past + token % new))?;
                 }
                 Ok(())
             }
-            (kind, _) => Err(AttentionError::KvDtypeUnsupported {
+            _ => Err(AttentionError::KvDtypeUnsupported {
                 kv_dtype,
-                storage: match kind {
-                    Kind::Tensors => {
-                        "Burn tensors (the explicit path, `Autodiff`, or a backend without a kernel of this crate)"
-                    }
-                    _ => "the GPU kernel's device tensors",
-                },
+                storage: "Burn tensors (the explicit path, `Autodiff`, or a backend without a kernel of this crate)",
             }),
         }
     }
+}
+
+/// Checks that the GPU kernel reads a cache of `kv_dtype` on `device`: int8 anywhere, f16 where
+/// the device computes in it (wgpu's `SHADER_F16`), bf16 nowhere (WGSL has none).
+pub(crate) fn check_device_reads<B: Backend>(
+    kv_dtype: KvDtype,
+    device: &B::Device,
+) -> Result<(), AttentionError> {
+    let storage = match kv_dtype {
+        KvDtype::Model | KvDtype::Int8 => return Ok(()),
+        KvDtype::F16 if B::supports_dtype(device, DType::F16) => return Ok(()),
+        KvDtype::F16 => "the GPU kernel's device tensors, on a device without f16 (`SHADER_F16`)",
+        KvDtype::Bf16 => "the GPU kernel's device tensors (it reads f16 and int8 caches)",
+    };
+    Err(AttentionError::KvDtypeUnsupported { kv_dtype, storage })
 }
 
 /// Checks that a step's keys and values are finite (as an int8 cache needs): else the first
@@ -216,7 +231,8 @@ impl<B: Backend> KvStorage<B> {
                     [batch, kv_heads, allocate, row / kv_heads],
                 )),
                 Kind::Device => {
-                    let zeros = || Tensor::zeros([batch, allocate, row], (&device, dtype));
+                    let shape = [batch, allocate, kv_heads, row / kv_heads];
+                    let zeros = || DeviceKv::zeros(shape, &device, dtype, kv_dtype);
                     Self::Device {
                         keys: zeros(),
                         values: zeros(),
@@ -236,7 +252,11 @@ impl<B: Backend> KvStorage<B> {
             Self::Tensors { keys, values } => (keys, values),
             Self::CpuHost(host) => host.into_tensors(device),
             Self::Device { keys, values } => {
-                let split = |tensor: Tensor<B, 3>| {
+                // A cache of the model's type: a narrow one moves nowhere (`check_storable`).
+                let split = |rows: DeviceKv<B>| {
+                    let DeviceKv::Float(tensor) = rows else {
+                        unreachable!("a narrow cache stays in its kernel's storage")
+                    };
                     let [batch, allocated, row] = tensor.dims();
                     tensor
                         .reshape([batch, allocated, kv_heads, row / kv_heads])
@@ -256,8 +276,8 @@ impl<B: Backend> KvStorage<B> {
                         .reshape([batch, allocated, heads * head_dim])
                 };
                 Self::Device {
-                    keys: side_by_side(keys),
-                    values: side_by_side(values),
+                    keys: DeviceKv::Float(side_by_side(keys)),
+                    values: DeviceKv::Float(side_by_side(values)),
                 }
             }
         }
@@ -285,17 +305,14 @@ impl<B: Backend> KvStorage<B> {
             }
             Self::CpuHost(host) => Self::CpuHost(host.moved(allocate, carried)),
             Self::Device { keys, values } => {
-                let move_one = |old: Tensor<B, 3>| {
-                    let [batch, _, row] = old.dims();
-                    let storage =
-                        Tensor::zeros([batch, allocate, row], (&old.device(), old.dtype()));
+                let move_one = |old: DeviceKv<B>| {
+                    let [batch, _] = old.dims();
+                    let storage = old.zeroed(allocate);
                     if carried.is_empty() {
                         return storage;
                     }
-                    storage.slice_assign(
-                        [0..batch, 0..carried.len(), 0..row],
-                        old.narrow(1, carried.start, carried.len()),
-                    )
+                    let kept = old.narrow(1, carried.start, carried.len());
+                    storage.assigned([0..batch, 0..carried.len()], kept)
                 };
                 Self::Device {
                     keys: move_one(keys),
@@ -334,11 +351,12 @@ impl<B: Backend> KvStorage<B> {
                 Self::CpuHost(host)
             }
             (Self::Device { keys, values }, NewKv::SideBySide { keys: k, values: v }) => {
-                let [batch, new, row] = k.dims();
-                let slots = [0..batch, at..at + new, 0..row];
+                let [batch, new, _] = k.dims();
+                let slots = [0..batch, at..at + new];
+                let (k, v) = (keys.encode_like(k), values.encode_like(v));
                 Self::Device {
-                    keys: keys.slice_assign(slots.clone(), k),
-                    values: values.slice_assign(slots, v),
+                    keys: keys.assigned(slots.clone(), k),
+                    values: values.assigned(slots, v),
                 }
             }
             _ => unreachable!("the storage was prepared for this step's layout"),

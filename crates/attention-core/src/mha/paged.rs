@@ -18,8 +18,8 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// memory is the pool's whole size, allocated here once.
     ///
     /// Errors when the storage would not be addressable ([`AttentionError::CacheTooLarge`]), or
-    /// when the pool's [`KvDtype`](crate::KvDtype) is narrow and the backend has no CPU kernel
-    /// to read it ([`AttentionError::KvDtypeUnsupported`]).
+    /// when the pool's [`KvDtype`](crate::KvDtype) is narrow and no kernel on the backend reads
+    /// it ([`AttentionError::KvDtypeUnsupported`]).
     pub fn new_pages(&self, pool: &PagePool) -> Result<LayerPages<B>, AttentionError> {
         let positions = pool.pages() * pool.page_size();
         [positions, self.num_kv_heads, self.head_dim, 16]

@@ -67,7 +67,7 @@ impl<B: Backend> LayerPages<B> {
     pub fn bytes_per_position(&self) -> usize {
         let row = match &self.storage {
             PagedStorage::CpuHost(host) => host.row_bytes(),
-            PagedStorage::Tensors { keys, .. } => self.head_dim * keys.dtype().size(),
+            PagedStorage::Tensors { keys, .. } => keys.row_bytes(self.head_dim),
         };
         2 * self.kv_heads * row
     }

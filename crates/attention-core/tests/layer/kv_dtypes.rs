@@ -1,9 +1,9 @@
-//! Caches that store keys and values in fewer bytes ([`KvDtype`]). Where the CPU kernel reads
-//! them (ndarray, flex): a prefill and decoding steps through a narrow cache lose no more than
-//! each type promises against the f32 cache, a narrow page pool gives what the narrow dense
-//! cache gives, and an int8 cache refuses a non-finite key without changing. Where nothing reads
-//! them yet (the GPU kernel, the explicit path) a narrow cache is a typed error that changes
-//! nothing.
+//! Caches that store keys and values in fewer bytes ([`KvDtype`]). Where a kernel reads them
+//! (the CPU kernel on ndarray and flex: every type; the GPU kernel on wgpu: f16 and int8): a
+//! prefill and decoding steps through a narrow cache lose no more than each type promises
+//! against the f32 cache, a narrow page pool gives what the narrow dense cache gives, and an int8
+//! cache refuses a non-finite key without changing. Where nothing reads them (bf16 on the GPU,
+//! the explicit path) a narrow cache is a typed error that changes nothing.
 
 use crate::common::{randn, seeded_layer};
 
@@ -46,12 +46,34 @@ fn bound(kv_dtype: KvDtype) -> f64 {
     }
 }
 
+/// How far a narrow page pool's outputs may be from the narrow dense cache's. On the GPU the
+/// projections of the pool's packed tokens and of the cache's batch round differently in their
+/// last bits (Burn's matmul tiles each shape its own way), and int8's rounding now and then turns
+/// such a difference into one quantum of a key or value: the kernels' own agreement on the same
+/// stored values is checked to 1e-5 in attention-core's kernel tests.
+fn paged_bound<B: Backend>(kv_dtype: KvDtype) -> f64 {
+    match (Kernel::of::<B>(), kv_dtype) {
+        (Some(Kernel::Gpu), KvDtype::Int8) => 1e-4,
+        _ => 1e-5,
+    }
+}
+
+/// The narrow types `B`'s kernel reads in a cache, and those it refuses.
+fn read_and_refused<B: Backend>() -> (Vec<KvDtype>, Vec<KvDtype>) {
+    NARROW
+        .into_iter()
+        .partition(|&kv_dtype| match Kernel::of::<B>() {
+            Some(Kernel::Cpu) => true,
+            Some(Kernel::Gpu) => kv_dtype != KvDtype::Bf16,
+            None => false,
+        })
+}
+
 /// A prompt of 200 then three decoding steps, batch 2, through the f32 cache and each narrow
 /// one; and the same through a narrow page pool, sequence by sequence.
 pub fn narrow_caches_track_the_f32_cache<B: Backend>(device: &B::Device) {
-    if Kernel::of::<B>() != Some(Kernel::Cpu) {
-        return narrow_caches_are_refused_without_the_cpu_kernel::<B>(device);
-    }
+    let (read, refused) = read_and_refused::<B>();
+    narrow_caches_are_refused::<B>(&refused, device);
     for config in configs() {
         let layer = seeded_layer::<B>(&config, 5, device);
         let x = randn::<B, 3>([2, 203, 256], 7, device);
@@ -63,7 +85,7 @@ pub fn narrow_caches_track_the_f32_cache<B: Backend>(device: &B::Device) {
                 layer.forward_cached(chunk, &mut f32_cache).unwrap()
             })
             .into();
-        for kv_dtype in NARROW {
+        for &kv_dtype in &read {
             let what = format!("{kv_dtype}, {} kv heads", config.num_kv_heads());
             let mut cache = layer.new_cache().with_kv_dtype(kv_dtype);
             let mut pool = PagePool::new(8, 64).unwrap().with_kv_dtype(kv_dtype);
@@ -92,8 +114,8 @@ pub fn narrow_caches_track_the_f32_cache<B: Backend>(device: &B::Device) {
                 );
                 let difference = relative_l2(paged, found);
                 assert!(
-                    difference <= 1e-5,
-                    "{what}: paged off the dense cache by {difference:e}"
+                    difference <= paged_bound::<B>(kv_dtype),
+                    "{what}: {len} tokens at {at}: paged off the dense cache by {difference:e}"
                 );
             }
             assert_eq!(cache.kv_dtype(), kv_dtype);
@@ -107,13 +129,13 @@ pub fn narrow_caches_track_the_f32_cache<B: Backend>(device: &B::Device) {
     }
 }
 
-/// The GPU kernel keeps the layer's float type only, for now: a narrow cache or pool is a typed
-/// error, and the cache is as it was.
-fn narrow_caches_are_refused_without_the_cpu_kernel<B: Backend>(device: &B::Device) {
+/// A cache or pool of a type no kernel reads on `B` is a typed error, and the cache is as it
+/// was.
+fn narrow_caches_are_refused<B: Backend>(refused: &[KvDtype], device: &B::Device) {
     let [config, _] = configs();
     let layer = seeded_layer::<B>(&config, 5, device);
     let x = randn::<B, 3>([1, 3, 256], 7, device);
-    for kv_dtype in NARROW {
+    for &kv_dtype in refused {
         let mut cache = layer.new_cache().with_kv_dtype(kv_dtype);
         let error = layer.forward_cached(x.clone(), &mut cache).unwrap_err();
         assert!(
@@ -133,7 +155,7 @@ fn narrow_caches_are_refused_without_the_cpu_kernel<B: Backend>(device: &B::Devi
 /// was: the next finite step gives what it gives on a cache that never saw the NaN. The explicit
 /// path, which keeps its cache in Burn tensors, refuses a narrow cache.
 pub fn bad_keys_for_a_narrow_cache_are_typed_errors<B: Backend>(device: &B::Device) {
-    if Kernel::of::<B>() != Some(Kernel::Cpu) {
+    if !read_and_refused::<B>().0.contains(&KvDtype::Int8) {
         return;
     }
     let [config, _] = configs();

@@ -9,7 +9,7 @@ use cubecl::prelude::*;
 
 use super::simt::{self, GeometryLaunch, SplitsLaunch, Tiling};
 use super::tiling::{self, Pass, Sizes};
-use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors};
+use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors, KvTensors};
 
 /// Units per cube of the combine of split keys.
 pub(super) const COMBINE_UNITS: u32 = 256;
@@ -56,6 +56,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
         let has_sinks = sinks.is_some();
         let sinks = sinks.map_or_else(|| query.clone(), into_contiguous);
         let blocks = pair_blocks(&call, &tiling);
+        let stored = &tensors.stored;
         simt::flash_forward::launch::<R>(
             &client,
             CubeCount::Static(
@@ -68,6 +69,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
             query.clone().into_tensor_arg(),
             tensors.key.clone().into_tensor_arg(),
             tensors.value.clone().into_tensor_arg(),
+            stored.words[0].clone().into_tensor_arg(),
+            stored.words[1].clone().into_tensor_arg(),
+            stored.scales[0].clone().into_tensor_arg(),
+            stored.scales[1].clone().into_tensor_arg(),
             tensors.padding_arg(),
             tensors.documents_arg(),
             tensors.pages_arg(),
@@ -76,7 +81,8 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
             lse.clone().into_tensor_arg(),
             geometry(&launched, &tensors, has_sinks),
             tiling,
-            [dtype.into(), partial_dtype.into()],
+            stored.int8,
+            [dtype.into(), partial_dtype.into(), tensors.key.dtype.into()],
         );
         let unsplit = |tensor: CubeTensor<R>| {
             let dims = tensor.meta.shape().clone();
@@ -187,10 +193,13 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
 
 /// The kernels' inputs, contiguous (the kernels index rows by hand); a kernel without padding
 /// gets the query in its place, and one without documents or pages an `f32` scalar, never read.
+/// Over an int8 cache the query stands in for the key and value, and over a float one scalars
+/// for the int8 words and scales (never read either).
 struct Contiguous<R: CubeRuntime> {
     query: CubeTensor<R>,
     key: CubeTensor<R>,
     value: CubeTensor<R>,
+    stored: Int8Kv<R>,
     key_padding: CubeTensor<R>,
     has_padding: bool,
     documents: CubeTensor<R>,
@@ -198,6 +207,14 @@ struct Contiguous<R: CubeRuntime> {
     pages: CubeTensor<R>,
     /// Page ids per sequence; 0 without pages.
     table_len: usize,
+}
+
+/// An int8 cache's keys and values as the forward kernel reads them: words, scales, and whether
+/// it reads them (else they are placeholders).
+struct Int8Kv<R: CubeRuntime> {
+    words: [CubeTensor<R>; 2],
+    scales: [CubeTensor<R>; 2],
+    int8: bool,
 }
 
 impl<R: CubeRuntime> Contiguous<R> {
@@ -215,11 +232,34 @@ impl<R: CubeRuntime> Contiguous<R> {
             .pages
             .as_ref()
             .map_or(0, |pages| pages.meta.shape()[1]);
+        let (key, value, stored) = match tensors.kv {
+            KvTensors::Float { key, value } => {
+                let no_word = || {
+                    let (client, device) = (query.client.clone(), query.device.clone());
+                    empty_device_dtype::<R>(client, device, Shape::new([1]), DType::U32)
+                };
+                let stored = Int8Kv {
+                    words: [no_word(), no_word()],
+                    scales: [none(), none()],
+                    int8: false,
+                };
+                (into_contiguous(key), into_contiguous(value), stored)
+            }
+            KvTensors::Int8 { words, scales } => {
+                let stored = Int8Kv {
+                    words: words.map(into_contiguous),
+                    scales: scales.map(into_contiguous),
+                    int8: true,
+                };
+                (query.clone(), query.clone(), stored)
+            }
+        };
         Self {
             pages: tensors.pages.map_or_else(none, into_contiguous),
             table_len,
-            key: into_contiguous(tensors.key),
-            value: into_contiguous(tensors.value),
+            key,
+            value,
+            stored,
             key_padding: tensors
                 .key_padding
                 .map_or_else(|| query.clone(), into_contiguous),

@@ -17,7 +17,7 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
-use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors};
+use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors, KvTensors};
 
 impl<B: FusionBackend + FlashBackend> FlashBackend for Fusion<B> {
     fn flash_forward(
@@ -51,8 +51,9 @@ impl<B: FusionBackend + FlashBackend> FlashBackend for Fusion<B> {
         let pass = Pass::Backward {
             given: Given::of(&tensors),
         };
-        let shapes = [&tensors.query, &tensors.key, &tensors.value]
-            .map(|tensor| (tensor.shape.clone(), tensor.dtype));
+        let [key, value] = tensors.kv.float();
+        let shapes =
+            [&tensors.query, key, value].map(|tensor| (tensor.shape.clone(), tensor.dtype));
         let inputs = inputs(tensors)
             .chain([grads.output_grad, grads.lse, grads.delta])
             .collect();
@@ -66,12 +67,17 @@ impl<B: FusionBackend + FlashBackend> FlashBackend for Fusion<B> {
     }
 }
 
-/// The query, key, value, padding, documents and pages, in the order the operation reads them.
+/// The query, keys and values (key, value; or an int8 cache's key and value words, then their
+/// scales), padding, documents and pages, in the order the operation reads them.
 fn inputs<R: FusionRuntime, B: FusionBackend<FusionRuntime = R>>(
     tensors: FlashTensors<Fusion<B>>,
 ) -> impl Iterator<Item = FusionTensor<R>> {
-    [tensors.query, tensors.key, tensors.value]
-        .into_iter()
+    let kv: Vec<FusionTensor<R>> = match tensors.kv {
+        KvTensors::Float { key, value } => vec![key, value],
+        KvTensors::Int8 { words, scales } => words.into_iter().chain(scales).collect(),
+    };
+    std::iter::once(tensors.query)
+        .chain(kv)
         .chain(tensors.key_padding)
         .chain(tensors.documents)
         .chain(tensors.pages)
@@ -80,6 +86,8 @@ fn inputs<R: FusionRuntime, B: FusionBackend<FusionRuntime = R>>(
 /// Which of [`FlashTensors`]' optional tensors a call was given.
 #[derive(Debug, Clone, Copy)]
 struct Given {
+    /// The keys and values are an int8 cache's words and scales.
+    int8: bool,
     padding: bool,
     documents: bool,
     pages: bool,
@@ -88,6 +96,7 @@ struct Given {
 impl Given {
     fn of<B: Backend>(tensors: &FlashTensors<B>) -> Self {
         Self {
+            int8: matches!(tensors.kv, KvTensors::Int8 { .. }),
             padding: tensors.key_padding.is_some(),
             documents: tensors.documents.is_some(),
             pages: tensors.pages.is_some(),
@@ -98,7 +107,8 @@ impl Given {
 /// Which kernel call an operation makes, and which optional inputs it was given.
 #[derive(Debug, Clone, Copy)]
 enum Pass {
-    /// Inputs: query, key, value, [padding], [documents], [pages], [sinks]; outputs: output,
+    /// Inputs: query, key, value (an int8 cache: key words, value words, key scales, value
+    /// scales), [padding], [documents], [pages], [sinks]; outputs: output,
     /// lse.
     Forward { given: Given, has_sinks: bool },
     /// Inputs: query, key, value, [padding], [documents], [pages], output gradient, lse, delta;
@@ -120,18 +130,37 @@ impl<B: FusionBackend + FlashBackend> Operation<B::FusionRuntime> for FlashOpera
         &self,
         handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
     ) {
-        let mut inputs = self
-            .desc
-            .inputs
-            .iter()
+        let given = match self.pass {
+            Pass::Forward { given, .. } | Pass::Backward { given } => given,
+        };
+        let mut irs = self.desc.inputs.iter();
+        let query = handles.get_float_tensor::<B>(irs.next().expect("registered with a query"));
+        // An int8 cache's words are the operation's only integer inputs.
+        let kv = match given.int8 {
+            false => None,
+            true => {
+                let mut word = || handles.get_int_tensor::<B>(irs.next().expect("registered"));
+                Some([word(), word()])
+            }
+        };
+        let mut inputs = irs
             .map(|ir| handles.get_float_tensor::<B>(ir))
             .collect::<Vec<_>>()
             .into_iter();
         let mut next = || inputs.next().expect("the operation was registered with it");
+        let kv = match kv {
+            Some(words) => KvTensors::Int8 {
+                words,
+                scales: [next(), next()],
+            },
+            None => KvTensors::Float {
+                key: next(),
+                value: next(),
+            },
+        };
         let mut tensors = |given: Given| FlashTensors::<B> {
-            query: next(),
-            key: next(),
-            value: next(),
+            query: query.clone(),
+            kv: kv.clone(),
             key_padding: given.padding.then(&mut next),
             documents: given.documents.then(&mut next),
             pages: given.pages.then(&mut next),

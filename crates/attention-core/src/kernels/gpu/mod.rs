@@ -25,7 +25,7 @@ mod tests;
 mod tiling;
 
 use burn::prelude::*;
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{FloatTensor, IntTensor};
 
 pub(crate) use op::{cached, end_step, forward, on_autodiff, paged};
 
@@ -59,7 +59,7 @@ pub(crate) struct FlashCall {
 ///
 /// # Shapes
 /// - `query`: `[batch, queries, heads · head_dim]`
-/// - `key`, `value`: `[batch, key_rows, kv_heads · head_dim]`
+/// - `kv`: see [`KvTensors`]
 /// - `key_padding`: `[batch, keys]`, `1` = padding, in the query's float type
 /// - `documents`: `[batch, keys, 2]`, each position's document `[start, end)`, `f32`, where the
 ///   sequences are packed from documents (then `queries == keys`)
@@ -67,13 +67,42 @@ pub(crate) struct FlashCall {
 #[derive(Debug, Clone)]
 pub(crate) struct FlashTensors<B: Backend> {
     pub query: FloatTensor<B>,
-    pub key: FloatTensor<B>,
-    pub value: FloatTensor<B>,
+    pub kv: KvTensors<B>,
     pub key_padding: Option<FloatTensor<B>>,
     pub documents: Option<FloatTensor<B>>,
     /// Each sequence's page ids, `[batch, table_len]` in `f32` (exact to 2²⁴ pages), where the
     /// key and value tensors are a page pool `[1, pages · page_size, kv_heads · head_dim]`.
     pub pages: Option<FloatTensor<B>>,
+}
+
+/// The keys and values a kernel reads: in a float type (the query's; the forward pass also reads
+/// an f16 cache's), or an int8 cache's words and scales (forward pass only).
+///
+/// # Shapes
+/// - `Float`: key, value `[batch, key_rows, kv_heads · head_dim]`
+/// - `Int8`: `words` `[batch, key_rows, kv_heads · ⌈head_dim / 4⌉]` (`i32`, four values a word,
+///   see `DeviceKv`), `scales` `[batch, key_rows, kv_heads]` (`f32`); keys first in each
+#[derive(Debug, Clone)]
+pub(crate) enum KvTensors<B: Backend> {
+    Float {
+        key: FloatTensor<B>,
+        value: FloatTensor<B>,
+    },
+    Int8 {
+        words: [IntTensor<B>; 2],
+        scales: [FloatTensor<B>; 2],
+    },
+}
+
+impl<B: Backend> KvTensors<B> {
+    /// The keys and values in a float type, which the backward pass reads (a narrow cache is for
+    /// inference: the layer refuses one under `Autodiff`).
+    pub(crate) fn float(&self) -> [&FloatTensor<B>; 2] {
+        match self {
+            Self::Float { key, value } => [key, value],
+            Self::Int8 { .. } => unreachable!("an int8 cache is read by the forward pass only"),
+        }
+    }
 }
 
 /// What the backward pass reads beyond [`FlashTensors`].

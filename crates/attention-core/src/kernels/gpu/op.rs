@@ -13,8 +13,9 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, DType, TensorData, TensorPrimitive};
 
 use super::simt::{SPLIT_KEYS, SPLIT_MAX_QUERIES};
-use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors};
+use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors, KvTensors};
 use crate::documents::Documents;
+use crate::kernels::device_kv::DeviceKv;
 use crate::kernels::inputs::KernelInputs;
 use crate::kernels::{CachedInputs, KvStorage, PagedInputs, PagedStorage, same_type};
 
@@ -82,8 +83,10 @@ fn prepared<B: Backend>(
     };
     let tensors = FlashTensors {
         query: float(inputs.query),
-        key: float(inputs.key),
-        value: float(inputs.value),
+        kv: KvTensors::Float {
+            key: float(inputs.key),
+            value: float(inputs.value),
+        },
         key_padding: inputs.key_padding.map(|mask| padding(mask, dtype)),
         documents: inputs
             .documents
@@ -219,32 +222,88 @@ pub(crate) fn cached<B: Backend, Bare: FlashBackend>(inputs: CachedInputs<'_, B>
     let KvStorage::Device { keys, values } = inputs.cache else {
         unreachable!("a GPU kernel step is appended to device storage")
     };
-    let [_, allocated, kv_width] = keys.dims();
-    let head_dim = inputs.query.dims()[2] / inputs.heads;
-    let step = KernelInputs {
+    let [_, allocated] = keys.dims();
+    let seen = inputs.seen.len();
+    let step = StoredStep {
         query: inputs.query,
-        key: keys.clone(),
-        value: values.clone(),
         heads: inputs.heads,
-        kv_heads: kv_width / head_dim,
         window: inputs.window,
         key_padding: inputs.key_padding,
-        documents: None,
         scores: inputs.scores,
     };
-    let (tensors, sinks, call) = prepared(same_type::<_, KernelInputs<Bare>>(step));
-    let keys = inputs.seen.len();
+    let (tensors, sinks, call) = step.prepared::<Bare>([keys, values]);
     let call = FlashCall {
-        keys,
+        keys: seen,
         key_first: inputs.seen.start,
         key_rows: allocated,
-        key_splits: decode_splits(call.batch * call.heads, call.queries, keys),
+        key_splits: decode_splits(call.batch * call.heads, call.queries, seen),
         ..call
     };
     let [output, _] = Bare::flash_forward(tensors, sinks.map(float), call);
     same_type(Tensor::<Bare, 3>::from_primitive(TensorPrimitive::Float(
         output,
     )))
+}
+
+/// A step's queries over keys and values stored in a cache's [`DeviceKv`]: what the cached and
+/// the ragged step hand the kernel beside the storage.
+struct StoredStep<B: Backend> {
+    query: Tensor<B, 3>,
+    heads: usize,
+    window: Option<usize>,
+    key_padding: Option<Tensor<B, 2, Bool>>,
+    scores: crate::score_rule::ScoreRule<B>,
+}
+
+impl<B: Backend> StoredStep<B> {
+    /// The kernel's tensors and call for these queries over `stored` keys and values (`[n,
+    /// rows, ·]`), on `Bare`, which `B` is; the call's keys and rows are the caller's to set.
+    fn prepared<Bare: FlashBackend>(
+        self,
+        [keys, values]: [&DeviceKv<B>; 2],
+    ) -> (FlashTensors<Bare>, Option<Tensor<Bare, 1>>, FlashCall) {
+        let head_dim = self.query.dims()[2] / self.heads;
+        let kv_heads = match keys {
+            DeviceKv::Float(tensor) => tensor.dims()[2] / head_dim,
+            DeviceKv::Int8 { scales, .. } => scales.dims()[2],
+        };
+        // The kernel's call for the query over itself, then the stored keys and values in place
+        // of its own.
+        let step = KernelInputs {
+            query: self.query.clone(),
+            key: self.query.clone(),
+            value: self.query,
+            heads: self.heads,
+            kv_heads,
+            window: self.window,
+            key_padding: self.key_padding,
+            documents: None,
+            scores: self.scores,
+        };
+        let (mut tensors, sinks, call) = prepared(same_type::<_, KernelInputs<Bare>>(step));
+        let bare = |rows: &DeviceKv<B>| same_type::<_, DeviceKv<Bare>>(rows.clone());
+        tensors.kv = match (bare(keys), bare(values)) {
+            (DeviceKv::Float(key), DeviceKv::Float(value)) => KvTensors::Float {
+                key: float(key),
+                value: float(value),
+            },
+            (
+                DeviceKv::Int8 {
+                    words: k,
+                    scales: ks,
+                },
+                DeviceKv::Int8 {
+                    words: v,
+                    scales: vs,
+                },
+            ) => KvTensors::Int8 {
+                words: [k.into_primitive(), v.into_primitive()],
+                scales: [float(ks), float(vs)],
+            },
+            _ => unreachable!("keys and values are stored alike"),
+        };
+        (tensors, sinks, call)
+    }
 }
 
 /// A ragged step over a page pool on the device (`PagedStorage::Tensors`), on `Bare`, which `B`
@@ -259,23 +318,20 @@ pub(crate) fn paged<B: Backend, Bare: FlashBackend>(inputs: PagedInputs<'_, B>) 
     let PagedStorage::Tensors { keys, values } = inputs.pages else {
         unreachable!("the GPU kernel's pages are device tensors")
     };
-    let [pages, page_size, kv_width] = keys.dims();
-    let pool = |tensor: &Tensor<B, 3>| tensor.clone().reshape([1, pages * page_size, kv_width]);
+    let [_, page_size] = keys.dims();
     let step = inputs.step;
     let tables = step.tables_on::<B>(&inputs.query.device());
-    let head_dim = inputs.query.dims()[2] / inputs.heads;
-    let step_inputs = KernelInputs {
+    let stored = StoredStep {
         query: inputs.query,
-        key: pool(keys),
-        value: pool(values),
         heads: inputs.heads,
-        kv_heads: kv_width / head_dim,
         window: step.window(),
         key_padding: None,
-        documents: None,
         scores: inputs.scores,
     };
-    let (mut tensors, sinks, call) = prepared(same_type::<_, KernelInputs<Bare>>(step_inputs));
+    // The pages as one pool of rows.
+    let [keys, values] = [keys, values].map(|pages| pages.clone().merged());
+    let [_, pool_rows] = keys.dims();
+    let (mut tensors, sinks, call) = stored.prepared::<Bare>([&keys, &values]);
     tensors.pages = Some(float(same_type::<_, Tensor<Bare, 2>>(tables)));
     let sequences = step.sequences();
     let queries = sequences.iter().map(|s| s.new).max().unwrap_or(1);
@@ -292,6 +348,7 @@ pub(crate) fn paged<B: Backend, Bare: FlashBackend>(inputs: PagedInputs<'_, B>) 
         batch: sequences.len(),
         queries,
         keys,
+        key_rows: pool_rows,
         page_size,
         key_splits,
         ..call

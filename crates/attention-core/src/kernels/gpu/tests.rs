@@ -17,7 +17,7 @@ use burn::tensor::{DType, TensorPrimitive, f16};
 
 use super::forced::{self, Forced};
 use super::tiling::{Pass, TileRule};
-use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors};
+use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors, KvTensors};
 
 /// The kernels' backend; the tensors of each call are in the float type the case asks for.
 type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
@@ -347,8 +347,10 @@ fn tensors(case: &Case, inputs: &Inputs, dtype: DType, device: &WgpuDevice) -> F
         |data: &[f32], rows: usize, heads: usize| tensor(data, [b, rows, heads * d], dtype, device);
     FlashTensors {
         query: per_head(&inputs.query, case.queries, case.heads),
-        key: per_head(&inputs.key, case.key_rows, case.kv_heads),
-        value: per_head(&inputs.value, case.key_rows, case.kv_heads),
+        kv: KvTensors::Float {
+            key: per_head(&inputs.key, case.key_rows, case.kv_heads),
+            value: per_head(&inputs.value, case.key_rows, case.kv_heads),
+        },
         key_padding: case
             .padded
             .then(|| tensor(&padding, [b, case.keys], dtype, device)),
@@ -577,4 +579,122 @@ fn the_stand_ins_for_larger_devices_tilings() {
             assert_forced(case, variant, [seed, seed + 1], &device);
         }
     }
+}
+
+/// The forward pass over a cache stored in `kv_dtype` (f16 or int8, encoded on the device as the
+/// cache encodes a step's keys and values) against the reference over the values that storage
+/// stands for: the kernel's reading in place, isolated from the rounding.
+fn assert_forward_stored(case: &Case, splits: usize, kv_dtype: crate::KvDtype, seed: u64) {
+    use crate::kernels::device_kv::DeviceKv;
+    let Some(device) = device() else { return };
+    let mut inputs = Inputs::new(case, seed, DType::F32);
+    let rows = |data: &[f32]| {
+        let shape = [case.batch, case.key_rows, case.kv_heads * case.head_dim];
+        let tensor = Tensor::<Plain, 3>::from_data(TensorData::new(data.to_vec(), shape), &device);
+        DeviceKv::encoded(tensor, case.kv_heads, kv_dtype)
+    };
+    let [keys, values] = [&inputs.key, &inputs.value].map(|data| rows(data));
+    let stored = |rows: &DeviceKv<Plain>| -> Vec<f32> {
+        let decoded = rows.clone().decoded(case.kv_heads, case.head_dim);
+        decoded.into_data().convert::<f32>().to_vec().expect("f32")
+    };
+    inputs.key = stored(&keys);
+    inputs.value = stored(&values);
+    let want = reference(case, &inputs);
+    let mut tensors = tensors(case, &inputs, DType::F32, &device);
+    tensors.kv = match (keys, values) {
+        (DeviceKv::Float(key), DeviceKv::Float(value)) => KvTensors::Float {
+            key: key.into_primitive().tensor(),
+            value: value.into_primitive().tensor(),
+        },
+        (
+            DeviceKv::Int8 {
+                words: k,
+                scales: ks,
+            },
+            DeviceKv::Int8 {
+                words: v,
+                scales: vs,
+            },
+        ) => KvTensors::Int8 {
+            words: [k.into_primitive(), v.into_primitive()],
+            scales: [ks.into_primitive().tensor(), vs.into_primitive().tensor()],
+        },
+        _ => unreachable!("keys and values are stored alike"),
+    };
+    let sinks = case
+        .scored
+        .then(|| tensor(&inputs.sinks, [case.heads], DType::F32, &device));
+    let call = case.call(splits, TileRule::Auto);
+    let [output, lse] = Plain::flash_forward(tensors, sinks, call);
+    let what = format!("{case:?} over {kv_dtype}, {splits} splits");
+    let [output, lse] = [output, lse].map(|tensor| host(flat(tensor)));
+    assert_close(&output, &want.output, TOL, &format!("{what}: output"));
+    assert_close(&lse, &want.lse, TOL, &format!("{what}: lse"));
+}
+
+#[test]
+fn decoding_over_f16_and_int8_storage() {
+    let Some(device) = device() else { return };
+    // As `decoding_over_a_cache_whole_and_split`: 3 queries after 147 cached keys from row 5 of
+    // 200, a group of 3 heads, padding, scores and sinks; then a window; then a width that is no
+    // multiple of four (int8's last word of each head half empty) in vectors of 2.
+    let case = Case {
+        queries: 3,
+        keys: 150,
+        key_first: 5,
+        key_rows: 200,
+        padded: true,
+        scored: true,
+        ..Case::new(2, 150, 6, 2, 64)
+    };
+    let windowed = Case {
+        window: Some(40),
+        ..case
+    };
+    let narrow = Case {
+        queries: 2,
+        keys: 70,
+        key_first: 0,
+        key_rows: 70,
+        ..Case::new(1, 70, 3, 1, 30)
+    };
+    let mut kv_dtypes = vec![crate::KvDtype::Int8];
+    if has_f16(&device) {
+        kv_dtypes.push(crate::KvDtype::F16);
+    } else {
+        eprintln!("gpu kernel variants: the f16 cache skipped: the adapter has no SHADER_F16");
+    }
+    for (i, kv_dtype) in kv_dtypes.into_iter().enumerate() {
+        let seed = 300 + 10 * i as u64;
+        for splits in [1, 4] {
+            assert_forward_stored(&case, splits, kv_dtype, seed + splits as u64);
+        }
+        assert_forward_stored(&windowed, 3, kv_dtype, seed + 5);
+        assert_forward_stored(&narrow, 1, kv_dtype, seed + 6);
+    }
+}
+
+/// An int8 row's layout, which the kernel's unpacking assumes: value `4w + b` of a head in byte
+/// `b` of its word `w`, two's complement, the scale `max |x| / 127`; a head's last word padded with
+/// zeros, and a row of zeros scale 0.
+#[test]
+fn int8_rows_are_packed_low_byte_first() {
+    use crate::kernels::device_kv::DeviceKv;
+    let Some(device) = device() else { return };
+    // Two heads of 5: [127, −127, 1, −1, 64] · 0.5, then zeros.
+    let row = [63.5, -63.5, 0.5, -0.5, 32.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+    let tensor = Tensor::<Plain, 3>::from_data(TensorData::new(row.to_vec(), [1, 1, 10]), &device);
+    let DeviceKv::Int8 { words, scales } = DeviceKv::encoded(tensor, 2, crate::KvDtype::Int8)
+    else {
+        unreachable!("an int8 encoding")
+    };
+    let words: Vec<i64> = words.into_data().convert::<i64>().to_vec().unwrap();
+    let scales: Vec<f32> = scales.into_data().convert::<f32>().to_vec().unwrap();
+    assert_eq!(
+        words,
+        [i64::from(0xff01_817f_u32 as i32), 64, 0, 0],
+        "bytes 0x7f, 0x81, 0x01, 0xff, then 64 and three zero bytes; the second head zeros"
+    );
+    assert_eq!(scales, [0.5, 0.0]);
 }

@@ -17,7 +17,10 @@ use super::{
 /// # Shapes
 /// - `query`: `[batch, queries, heads · head_dim]`
 /// - `key`, `value`: `[batch, key_rows, kv_heads · head_dim]`, the call's keys at rows
-///   `key_first ..`
+///   `key_first ..`, in `S`: the query's type `F`, or a cache's narrower float type
+/// - `key_words`, `value_words`, `key_scales`, `value_scales`: with `int8`, the keys and values
+///   instead, an int8 cache's `[batch, key_rows, kv_heads · ⌈head_dim / 4⌉]` words and `[batch,
+///   key_rows, kv_heads]` scales (see [`super::int8_vector`]; `key` and `value` are not read)
 /// - `key_padding`: `[batch, keys]`, `1` = padding (read when `geometry.padded`)
 /// - `documents`: `[batch, keys, 2]`, each position's document (read when `geometry.packed`)
 /// - `tables`: a ragged step's `[batch, table_len]` (each sequence's first query row, queries,
@@ -31,10 +34,14 @@ use super::{
 /// - `lse`: `[splits, batch, queries, heads]`, [`masked`] for a row that sees nothing
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn flash_forward<F: Float, O: Float, N: Size>(
+pub fn flash_forward<F: Float, O: Float, S: Float, N: Size>(
     query: &Tensor<Vector<F, N>>,
-    key: &Tensor<Vector<F, N>>,
-    value: &Tensor<Vector<F, N>>,
+    key: &Tensor<Vector<S, N>>,
+    value: &Tensor<Vector<S, N>>,
+    key_words: &Tensor<u32>,
+    value_words: &Tensor<u32>,
+    key_scales: &Tensor<f32>,
+    value_scales: &Tensor<f32>,
     key_padding: &Tensor<F>,
     documents: &Tensor<f32>,
     tables: &Tensor<f32>,
@@ -43,7 +50,8 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
     lse: &mut Tensor<f32>,
     geometry: Geometry,
     #[comptime] tiling: Tiling,
-    #[define(F, O)] _dtypes: [StorageType; 2],
+    #[comptime] int8: bool,
+    #[define(F, O, S)] _dtypes: [StorageType; 3],
 ) {
     let n = N::value().comptime() as u32;
     let sizes = comptime!(tiling.sizes(n));
@@ -121,11 +129,21 @@ pub fn flash_forward<F: Float, O: Float, N: Size>(
     let key_source = KeySource::new(&geometry, &unit);
     let mut start = key_start;
     while start < key_end {
-        if geometry.page_size > 0 {
-            kv.load_paged(key, value, tables, &key_source, start, key_end, sizes);
-        } else {
-            kv.load(key, value, key_padding, &key_source, start, key_end, sizes);
-        }
+        kv.load_stored::<S>(
+            key,
+            value,
+            key_words,
+            value_words,
+            key_scales,
+            value_scales,
+            key_padding,
+            tables,
+            &key_source,
+            start,
+            key_end,
+            sizes,
+            int8,
+        );
         sync_cube();
 
         // Scores: the unit's rows against its keys `lane + j · lanes`.

@@ -465,32 +465,98 @@ pub fn load_rows<F: Float, N: Size>(
     }
 }
 
-/// [`load_rows`] for keys `from.first_row ..` of a sequence whose table starts at entry `table`
-/// of `tables`: each key's row is `page · page_size + key % page_size` of `source`, a page pool
-/// `[pages · page_size, kv_heads · head_dim]`.
+/// The storage row of key `key` of `source`'s sequence, whose keys from `first_key` on lie
+/// from row `first_row` (a plain call, or a cache's rows), or, in a ragged step over a page pool,
+/// at row `key % page_size` of the page its table names at `key / page_size`.
+#[cube]
+// A kernel function: the branch is on the call's kind (paged or not), not a guard of the division.
+#[allow(clippy::manual_checked_ops)]
+pub fn storage_row(
+    key: u32,
+    first_key: u32,
+    first_row: u32,
+    tables: &Tensor<f32>,
+    source: &KeySource,
+) -> u32 {
+    let geometry = source.geometry;
+    let mut row = first_row + key - first_key;
+    if geometry.page_size > 0 {
+        let table = source.batch * geometry.table_len + SEQUENCE_COLUMNS;
+        let page = u32::cast_from(tables[(table + key / geometry.page_size) as usize]);
+        row = page * geometry.page_size + key % geometry.page_size;
+    }
+    row
+}
+
+/// Vector `vector` of `head`'s row `row` of an int8 cache, unpacked and scaled into `F`: `words`
+/// `[rows, kv_heads · ⌈head_dim / 4⌉]`, four values a word (the first in the low byte, two's
+/// complement), `scales` `[rows, kv_heads]`.
+#[cube]
+pub fn int8_vector<F: Float, N: Size>(
+    words: &Tensor<u32>,
+    scales: &Tensor<f32>,
+    row: u32,
+    head: u32,
+    vector: u32,
+    geometry: &Geometry,
+    #[comptime] sizes: KernelSizes,
+) -> Vector<F, N> {
+    let head_words = geometry.head_dim.div_ceil(4u32);
+    let at = row * geometry.kv_heads + head;
+    let scale = scales[at as usize];
+    let mut unpacked = Vector::<F, N>::empty();
+    #[unroll]
+    for l in 0..sizes.vector {
+        let element = vector * sizes.vector + l;
+        let word = words[(at * head_words + element / 4) as usize];
+        let byte = (word >> ((element % 4) * 8)) & 255u32;
+        let signed = f32::cast_from(byte) - select(byte >= 128u32, 256.0f32, 0.0f32);
+        unpacked[l as usize] = F::cast_from(signed * scale);
+    }
+    unpacked
+}
+
+/// Loads keys `start ..` (`from.count` of them) of `source`'s head into `tile` from a cache's
+/// storage in any of its types, all units of the cube together: `stored` in a float type (the
+/// query's, or f16), cast as it is loaded; with `int8`, `words` and `scales` unpacked
+/// ([`int8_vector`]) instead. Rows are found by [`storage_row`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub fn load_paged_rows<F: Float, N: Size>(
-    source: &Tensor<Vector<F, N>>,
+pub fn load_stored_rows<F: Float, S: Float, N: Size>(
+    stored: &Tensor<Vector<S, N>>,
+    words: &Tensor<u32>,
+    scales: &Tensor<f32>,
     tile: &mut SharedMemory<Vector<F, N>>,
     tables: &Tensor<f32>,
-    table: u32,
+    source: &KeySource,
+    start: u32,
     from: &HeadRows,
-    geometry: &Geometry,
-    #[comptime] rows: u32,
     #[comptime] sizes: KernelSizes,
+    #[comptime] int8: bool,
 ) {
-    let total = comptime!(rows * sizes.vectors);
+    let total = comptime!(sizes.tile * sizes.vectors);
     let mut at = UNIT_POS_X;
     while at < total {
         let row = at / sizes.vectors;
         let vector = at % sizes.vectors;
         let mut value = Vector::<F, N>::new(F::new(0.0));
         if row < from.count && vector < from.head_vectors {
-            let key = from.first_row + row;
-            let page = u32::cast_from(tables[(table + key / geometry.page_size) as usize]);
-            let stored = page * geometry.page_size + key % geometry.page_size;
-            value = source[(stored * from.row_vectors + from.column + vector) as usize];
+            let stored_row = storage_row(start + row, start, from.first_row, tables, source);
+            if comptime!(int8) {
+                value = int8_vector::<F, N>(
+                    words,
+                    scales,
+                    stored_row,
+                    source.kv_head,
+                    vector,
+                    &source.geometry,
+                    sizes,
+                );
+            } else {
+                value = Vector::<F, N>::cast_from(
+                    stored[(stored_row * from.row_vectors + from.column + vector) as usize],
+                );
+            }
         }
         tile[(row * sizes.stride + vector) as usize] = value;
         at += sizes.units;
@@ -500,9 +566,9 @@ pub fn load_paged_rows<F: Float, N: Size>(
 /// One sequence's key/value head: the keys a [`KeyTile`] loads.
 #[derive(CubeType, Clone, Copy)]
 pub struct KeySource {
-    geometry: Geometry,
-    batch: u32,
-    kv_head: u32,
+    pub geometry: Geometry,
+    pub batch: u32,
+    pub kv_head: u32,
 }
 
 #[cube]
@@ -594,45 +660,66 @@ impl<F: Float, N: Size> KeyTile<F, N> {
         }
     }
 
-    /// [`load`](Self::load) for keys in a page pool: key `j` of the sequence lies at row
-    /// `j % page_size` of the page that its table names at `j / page_size` (one table read per
-    /// row; a tile's rows share a page but where it crosses one). A paged call has no padding.
+    /// [`load`](Self::load) for the forward pass, whose keys and values may be a cache's storage
+    /// in a narrower type (see [`load_stored_rows`]), and in a ragged step a page pool: key `j` of
+    /// the sequence lies at row `j % page_size` of the page that its table names at `j /
+    /// page_size` (one table read per row; a tile's rows share a page but where it crosses one).
+    /// A paged call has no padding.
     #[allow(clippy::too_many_arguments)]
-    pub fn load_paged(
+    pub fn load_stored<S: Float>(
         &mut self,
-        key: &Tensor<Vector<F, N>>,
-        value: &Tensor<Vector<F, N>>,
+        key: &Tensor<Vector<S, N>>,
+        value: &Tensor<Vector<S, N>>,
+        key_words: &Tensor<u32>,
+        value_words: &Tensor<u32>,
+        key_scales: &Tensor<f32>,
+        value_scales: &Tensor<f32>,
+        key_padding: &Tensor<F>,
         tables: &Tensor<f32>,
         source: &KeySource,
         start: u32,
         end: u32,
         #[comptime] sizes: KernelSizes,
+        #[comptime] int8: bool,
     ) {
-        let tile = comptime!(sizes.tile);
         let geometry = source.geometry;
-        // Rows counted in keys: `load_paged_rows` finds each one's page.
-        let from = source.rows(start, start, end, sizes);
-        let table = source.batch * geometry.table_len + SEQUENCE_COLUMNS;
-        load_paged_rows::<F, N>(
+        let first_row = source.batch * geometry.key_rows + geometry.key_first + start;
+        let from = source.rows(first_row, start, end, sizes);
+        load_stored_rows::<F, S, N>(
             key,
+            key_words,
+            key_scales,
             &mut self.keys,
             tables,
-            table,
+            source,
+            start,
             &from,
-            &geometry,
-            tile,
             sizes,
+            int8,
         );
-        load_paged_rows::<F, N>(
+        load_stored_rows::<F, S, N>(
             value,
+            value_words,
+            value_scales,
             &mut self.values,
             tables,
-            table,
+            source,
+            start,
             &from,
-            &geometry,
-            tile,
             sizes,
+            int8,
         );
+        if geometry.padded == 1 {
+            let first = source.batch * geometry.keys + start;
+            load_scalars::<F>(
+                key_padding,
+                &mut self.padding,
+                first,
+                from.count,
+                comptime!(sizes.tile),
+                sizes.units,
+            );
+        }
     }
 
     /// Whether a query at `position`, whose document starts at `first_key`, sees key `column` of
