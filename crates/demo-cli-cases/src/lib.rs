@@ -262,10 +262,10 @@ pub fn apply_paths_agree_on_every_fixture(bin: &str) {
 }
 
 /// `apply --path cached --kv-dtype T` on the GPT-2 fixture (heads of 4) and Llama's (heads of 8,
-/// grouped, RoPE), each step's cache stored as `T`: within what the type keeps of PyTorch's
-/// outputs (relative L2), and not exactly them — the cache does round. `--kv-dtype` without
-/// `--path cached` is refused. For a binary whose backend has the CPU kernel.
-pub fn apply_narrow_caches_track_the_fixtures(bin: &str) {
+/// grouped, RoPE), each step's cache stored as `T` (each of `kv_dtypes`, those the binary's
+/// kernel reads): within what the type keeps of PyTorch's outputs (relative L2), and not exactly
+/// them — the cache does round. `--kv-dtype` without `--path cached` is refused.
+pub fn apply_narrow_caches_track_the_fixtures(bin: &str, kv_dtypes: &[&str]) {
     let dir = scratch("apply-kv-dtype");
     let cases = [
         (
@@ -281,7 +281,8 @@ pub fn apply_narrow_caches_track_the_fixtures(bin: &str) {
         let file = fixture(name);
         let want = StateDict::load(&file).unwrap().data("y").unwrap().clone();
         let want = want.convert::<f64>().to_vec::<f64>().unwrap();
-        for (kv_dtype, bound) in [("f16", 1e-3), ("bf16", 1e-2), ("int8", 3e-2)] {
+        let bounds = [("f16", 1e-3), ("bf16", 1e-2), ("int8", 3e-2)];
+        for (kv_dtype, bound) in bounds.into_iter().filter(|(t, _)| kv_dtypes.contains(t)) {
             let out = dir.join(format!("{kv_dtype}.safetensors"));
             let mut args = vec!["apply", "--weights", file.to_str().unwrap()];
             args.extend_from_slice(flags);
@@ -322,9 +323,9 @@ pub fn apply_narrow_caches_track_the_fixtures(bin: &str) {
     user_error(bin, &fused, "--kv-dtype int8 is for --path cached", &out);
 }
 
-/// `apply --path cached --kv-dtype int8` on a backend whose kernel keeps the layer's float type
-/// only (the GPU kernel): one error line naming the cache type, no file.
-pub fn apply_narrow_caches_are_refused_without_the_cpu_kernel(bin: &str) {
+/// `apply --path cached --kv-dtype T` where the binary's kernel does not read `T` (bf16 on the GPU
+/// kernel): one error line naming the cache type, no file.
+pub fn apply_an_unread_cache_type_is_refused(bin: &str, kv_dtype: &str) {
     let dir = scratch("apply-kv-dtype-refused");
     let file = fixture("gpt2_causal_s0_b2_t7_d16_h4.safetensors");
     let file = file.to_str().unwrap();
@@ -342,14 +343,10 @@ pub fn apply_narrow_caches_are_refused_without_the_cpu_kernel(bin: &str) {
         "--path",
         "cached",
         "--kv-dtype",
-        "int8",
+        kv_dtype,
     ];
-    user_error(
-        bin,
-        &args,
-        "key/value cache of int8 is read by the CPU kernel only",
-        &out,
-    );
+    let error = format!("key/value cache of {kv_dtype} is not read where this step's keys go");
+    user_error(bin, &args, &error, &out);
 }
 
 /// `apply --scale --softcap` on Llama weights: the three paths give one output, and not the one

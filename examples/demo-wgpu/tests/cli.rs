@@ -24,12 +24,11 @@ fn no_adapter_is_one_clear_line() {
     );
 }
 
-/// The GPU kernel keeps the layer's float type only: a narrow cache is one clear error.
+/// The GPU kernel reads f16 and int8 caches in place; a bf16 one is one clear error.
 #[test]
-fn apply_narrow_caches_are_refused_without_the_cpu_kernel() {
-    if test_support::wgpu_device_for_test("apply_narrow_caches_are_refused_without_the_cpu_kernel")
-        .is_some()
-    {
-        demo_cli_cases::apply_narrow_caches_are_refused_without_the_cpu_kernel(BIN);
+fn apply_narrow_caches_track_the_fixtures() {
+    if test_support::wgpu_device_for_test("apply_narrow_caches_track_the_fixtures").is_some() {
+        demo_cli_cases::apply_narrow_caches_track_the_fixtures(BIN, &["f16", "int8"]);
+        demo_cli_cases::apply_an_unread_cache_type_is_refused(BIN, "bf16");
     }
 }

@@ -99,8 +99,8 @@ struct Cli {
     #[arg(long)]
     prefill_while_decoding: Option<usize>,
     /// What the KV cache stores keys and values as: `f32` (the model's float type), `f16`,
-    /// `bf16` or `int8` (fewer bytes per position; read in place by the CPU kernel, so
-    /// `--backend flex` or `ndarray`).
+    /// `bf16` or `int8` (fewer bytes per position, read in place: every type by the CPU
+    /// kernel, `--backend flex` or `ndarray`; f16 and int8 by the GPU kernel, `--backend wgpu`).
     #[arg(long, default_value_t = KvDtype::Model)]
     kv_dtype: KvDtype,
 }

@@ -180,11 +180,11 @@ fn requests_give_transformers_tokens_and_bad_lines_fail_alone() {
     assert_eq!(results(&output).len(), 1);
 }
 
-/// `--kv-dtype`: two requests served over pages in int8 and in f16 on the CPU backends, each
-/// making its 12 tokens; on wgpu, whose kernel keeps the model's float type only, the engine is
-/// refused in one error line that names the cache type.
+/// `--kv-dtype`: two requests served over pages in int8 and in f16 on the CPU backends and on
+/// wgpu (both kernels read those in place), each making its 12 tokens; bf16, which the GPU kernel
+/// does not read, is refused on wgpu in one error line that names the cache type.
 #[test]
-fn narrow_caches_serve_requests_on_the_cpu_kernel() {
+fn narrow_caches_serve_requests_on_both_kernels() {
     let model = fixture("hf/mistral_tiny_s3");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("requests.jsonl");
@@ -193,8 +193,12 @@ fn narrow_caches_serve_requests_on_the_cpu_kernel() {
         r#"{"id": "b", "ids": [12, 3], "max_new_tokens": 12, "stop_ids": []}"#,
     ];
     std::fs::write(&path, lines.join("\n")).unwrap();
+    let wgpu = test_support::wgpu_device_for_test("narrow_caches_serve_requests_on_both_kernels")
+        .is_some();
+    let backends = ["ndarray", "flex", "wgpu"];
+    let backends = &backends[..if wgpu { 3 } else { 2 }];
     for kv_dtype in ["int8", "f16"] {
-        for backend in ["ndarray", "flex"] {
+        for &backend in backends {
             let output = hf_lm_with(&model, &path, backend, &["--kv-dtype", kv_dtype]);
             let stderr = String::from_utf8_lossy(&output.stderr);
             assert_eq!(
@@ -214,16 +218,14 @@ fn narrow_caches_serve_requests_on_the_cpu_kernel() {
             }
         }
     }
-    if test_support::wgpu_device_for_test("narrow_caches_serve_requests_on_the_cpu_kernel")
-        .is_some()
-    {
-        let output = hf_lm_with(&model, &path, "wgpu", &["--kv-dtype", "int8"]);
+    if wgpu {
+        let output = hf_lm_with(&model, &path, "wgpu", &["--kv-dtype", "bf16"]);
         let stderr = String::from_utf8_lossy(&output.stderr);
         let lines: Vec<&str> = stderr.lines().filter(|line| !line.is_empty()).collect();
         assert_eq!(output.status.code(), Some(2), "{stderr}");
         assert_eq!(lines.len(), 1, "{stderr}");
         assert!(
-            lines[0].starts_with("error: ") && lines[0].contains("key/value cache of int8"),
+            lines[0].starts_with("error: ") && lines[0].contains("key/value cache of bf16"),
             "{stderr}"
         );
         assert!(output.stdout.is_empty());

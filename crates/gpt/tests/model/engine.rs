@@ -497,6 +497,13 @@ fn narrow_pages_give_what_narrow_dense_caches_give_on_ndarray_and_flex() {
 }
 
 #[test]
+fn narrow_pages_give_what_narrow_dense_caches_give_on_wgpu() {
+    if let Some(device) = test_support::wgpu_device_for_test("engine") {
+        narrow_pages_give_what_narrow_dense_caches_give::<Wgpu>(&device);
+    }
+}
+
+#[test]
 fn shared_prefixes_are_mapped_not_computed_on_ndarray_and_flex() {
     shared_prefixes_are_mapped_not_computed::<NdArray>(&Default::default());
     shared_prefixes_are_mapped_not_computed::<Flex>(&Default::default());
