@@ -16,6 +16,11 @@ Paged decoding (run-gpu.sh's `paged_set` rows): ours over a page pool against th
 dense cache, per round; targets as on the CPU (the paged-cache issue): rows at their own lengths
 at most 0.4x the padded dense step, equal lengths at most 1.1x.
 
+Caches in fewer bytes (run-gpu.sh's `kv_set` rows; the int8/f16 caches issue): a decoding step
+over an f16 and an int8 cache against the f32 cache, per shape, dense and paged, per round; no
+GPU target (the CPU's are int8 at most 0.5x, f16 at most 0.7x); and whole models decoding over an
+int8 cache against f32, one run.
+
 Whole models (the whole-models issue), per model and batch: decoding at least 5x the rate of the
 first H200 run and faster than this project's 2-core CPU decoding (must); prefill at most 2x
 transformers' time in float32 (must); decoding at least 1.0x transformers' tokens/s and prefill at
@@ -53,6 +58,9 @@ def model_rows(rows):
     ours, theirs = {}, {}
     for r in rows:
         if "model" not in r or "decode_tokens_per_s" not in r:
+            continue
+        # Ours over a narrower cache is compared in kv_rows.
+        if r.get("kv_dtype", "f32") != "f32":
             continue
         if r.get("impl") == "ours":
             ours[(r["model"], r["batch"], r.get("dtype", "f32"))] = r
@@ -134,6 +142,37 @@ def paged_rows(rows, ratios):
     return table
 
 
+def kv_rows(rows, ratios):
+    """Caches in fewer bytes (run-gpu.sh's `kv_set` rows, and lm-bench over an int8 cache): each
+    narrow type's decoding step against the f32 cache's, per round; no GPU target."""
+    # (cache, shape, kv_dtype) -> {round: median ms}
+    times = collections.defaultdict(dict)
+    models = {}
+    for r in rows:
+        if "kv_set" in r and "median_ms" in r:
+            times[(r["kv_set"], r["shape"], r.get("kv_dtype", "f32"))][r.get("round", 1)] = r["median_ms"]
+        if "model" in r and r.get("impl") == "ours" and "decode_tokens_per_s" in r:
+            models[(r["model"], r["batch"], r.get("dtype", "f32"), r.get("kv_dtype", "f32"))] = r
+    table = []
+    for (cache, shape, kv_dtype), narrow in sorted(times.items()):
+        full = times.get((cache, shape, "f32"))
+        if kv_dtype == "f32" or not full:
+            continue
+        values = ratios(narrow, full)
+        cpu = 0.5 if kv_dtype == "int8" else 0.7
+        table.append((f"decode {shape} {cache}: {kv_dtype} / f32 cache", f"none (CPU: ≤ {cpu})",
+                      f"×{span(values)}", "measured" if values else "not measured"))
+    for (model, batch, dtype, kv_dtype), mine in sorted(models.items()):
+        full = models.get((model, batch, dtype, "f32"))
+        if kv_dtype == "f32" or not full:
+            continue
+        rate, base = mine["decode_tokens_per_s"], full["decode_tokens_per_s"]
+        table.append((f"{model} batch {batch} {dtype}: decode over {kv_dtype} / f32 cache",
+                      "none (CPU: ≥ 1.5 at batch 8)", f"×{rate / base:.2f} ({rate:.1f} / {base:.1f})",
+                      "measured"))
+    return table
+
+
 def workload_rows(rows):
     """Continuous batching (run-gpu.sh's `workload_set` rows): our engine's tokens/s against our
     static batches and against transformers' continuous batching, one run each."""
@@ -164,7 +203,7 @@ def main(path):
         if "median_ms" not in r or "impl" not in r:
             continue
         # Packed rows, and the unpacked rows timed beside them, are compared in packed_rows.
-        if "packed_set" in r or r.get("documents") or "paged_set" in r:
+        if "packed_set" in r or r.get("documents") or "paged_set" in r or "kv_set" in r:
             continue
         who = {"fused": "ours", "burn-op": "burn-op", "torch-sdpa": "sdpa"}[r["impl"]]
         heads = int(r["shape"].split("x")[3])
@@ -213,6 +252,7 @@ def main(path):
                               verdict(values, lambda v: v <= 0.2)))
     table += packed_rows(rows, ratios)
     table += paged_rows(rows, ratios)
+    table += kv_rows(rows, ratios)
     table += model_rows(rows)
     table += workload_rows(rows)
     gpu = next((r["gpu"] for r in rows if r.get("kind") == "gpu"), "no GPU named")

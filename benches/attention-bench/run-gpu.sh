@@ -141,9 +141,23 @@ for round in $(seq "$rounds"); do
     done
   done
 done
-# 7. Whole models (the whole-models issue): random-weight checkpoints saved here by transformers,
+# 7. Keys and values in fewer bytes (the int8/f16 caches issue): a decoding step over a cache
+# stored in f32, f16 and int8 (the GPU kernel unpacking them in its tile load), dense and paged,
+# at the decoding shapes. Tagged `kv_set`; the whole models decode over int8 in section 8.
+for round in $(seq "$rounds"); do
+  left "kv dtypes round $round" || break
+  for shape in $decode_shapes; do
+    for cache in dense paged; do
+      for kv_dtype in f32 f16 int8; do
+        TAG="\"kv_set\":\"$cache\"," ours "$round" --impl fused --mode decode \
+          --shape "$shape" --cache "$cache" --kv-dtype "$kv_dtype"
+      done
+    done
+  done
+done
+# 8. Whole models (the whole-models issue): random-weight checkpoints saved here by transformers,
 # decoded by lm-bench on wgpu in f32 and f16 and by transformers' generate on the GPU in float32
-# and bfloat16, greedy, batch 1 and 8.
+# and bfloat16, greedy, batch 1 and 8; and ours in f32 over an int8 cache.
 models=$(mktemp -d)
 for family in $model_families; do
   left "model $family" || break
@@ -154,13 +168,16 @@ for family in $model_families; do
     TAG="\"model\":\"$family\"," record 1 "$bin/lm-bench" --model "$dir" --backend wgpu \
       --dtype $dtype --batch 1 --batch 8 --prompt "$model_prompt" --new "$model_new" --repeats 2
   done
+  TAG="\"model\":\"$family\"," record 1 "$bin/lm-bench" --model "$dir" --backend wgpu \
+    --dtype f32 --kv-dtype int8 --batch 1 --batch 8 --prompt "$model_prompt" --new "$model_new" \
+    --repeats 2
   for dtype in float32 bfloat16; do
     TAG="\"model\":\"$family\"," record 1 "$py" "$here/peer_lm.py" --model "$dir" \
       --device "$device" --dtype $dtype --batch 1,8 --prompt "$model_prompt" \
       --new "$model_new" --repeats 2
   done
 done
-# 8. Half precision, the core: ours and Burn's op in f16 on wgpu, SDPA in f16 and bf16.
+# 9. Half precision, the core: ours and Burn's op in f16 on wgpu, SDPA in f16 and bf16.
 for mode in fwd fwdbwd; do
   for seq in $core_seqs; do
     left "f16 core $mode $seq" || break 2
@@ -171,9 +188,9 @@ for mode in fwd fwdbwd; do
     torch 1 --core --mode $mode --shapes "$shape" --dtype bf16
   done
 done
-# 9. Continuous batching (the continuous-batching issue): workload (a) through our engine on wgpu
+# 10. Continuous batching (the continuous-batching issue): workload (a) through our engine on wgpu
 # (lm-bench times our static batches of the same requests in the same call) and through
-# transformers' continuous batching on the GPU, float32, on the models section 7 saved. Tagged
+# transformers' continuous batching on the GPU, float32, on the models section 8 saved. Tagged
 # `workload_set`.
 workload_families=${WORKLOAD_FAMILIES:-gpt2}
 workload_file=${WORKLOAD_FILE:-$here/../lm-bench/workloads/a-mixed.jsonl}
