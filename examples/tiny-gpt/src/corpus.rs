@@ -2,6 +2,7 @@
 //! every fresh clone has the same corpus without downloading anything.
 
 use std::ops::RangeInclusive;
+use std::path::Path;
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -92,4 +93,76 @@ pub fn documents(text: &[u8], lengths: RangeInclusive<usize>, seed: u64) -> Vec<
         rest = after;
     }
     documents
+}
+
+/// The share of the corpus held out for validation, at its end.
+pub const VALIDATION_FRACTION: f64 = 0.1;
+
+/// `text` split into its training part and its validation part (the last
+/// [`VALIDATION_FRACTION`]).
+pub fn split(text: &[u8]) -> (&[u8], &[u8]) {
+    text.split_at((text.len() as f64 * (1.0 - VALIDATION_FRACTION)) as usize)
+}
+
+/// The file of a checkpoint that records the corpus it was trained on.
+pub const RECORD_FILE: &str = "corpus.json";
+
+/// What generates a corpus again: [`generate`]'s size and seed, as a checkpoint records them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CorpusRecord {
+    pub bytes: usize,
+    pub seed: u64,
+}
+
+impl CorpusRecord {
+    /// The corpus's text.
+    pub fn text(&self) -> Vec<u8> {
+        generate(self.bytes, self.seed).into_bytes()
+    }
+
+    /// Writes the record into checkpoint directory `dir`.
+    pub fn write(&self, dir: &Path) -> Result<(), String> {
+        let json = serde_json::json!({ "bytes": self.bytes, "seed": self.seed });
+        std::fs::write(dir.join(RECORD_FILE), format!("{json:#}\n"))
+            .map_err(|e| format!("cannot write {RECORD_FILE}: {e}"))
+    }
+
+    /// The record of checkpoint directory `dir`; the error says what is wrong with it.
+    pub fn read(dir: &Path) -> Result<Self, String> {
+        let path = dir.join(RECORD_FILE);
+        let shown = path.display();
+        // A FIFO or a device would block or never end: regular files only, and small ones.
+        match std::fs::metadata(&path) {
+            Err(_) => {
+                return Err(format!(
+                    "{shown}: not found: the checkpoint does not record its corpus (trained by \
+                     an older tiny-gpt: train it again)"
+                ));
+            }
+            Ok(meta) if !meta.is_file() => return Err(format!("{shown}: not a regular file")),
+            Ok(meta) if meta.len() > 4096 => {
+                return Err(format!("{shown}: {} bytes, more than a record", meta.len()));
+            }
+            Ok(_) => {}
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{shown}: {e}"))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("{shown}: {e}"))?;
+        let field = |name: &str| {
+            json.get(name).and_then(serde_json::Value::as_u64).ok_or_else(|| {
+                format!("{shown}: `{name}` is not a whole number: expected {{\"bytes\": N, \"seed\": S}}")
+            })
+        };
+        let bytes = usize::try_from(field("bytes")?).map_err(|e| format!("{shown}: bytes: {e}"))?;
+        // The largest corpus tiny-gpt generates: a larger record is not one of its own.
+        if !(1..=1 << 30).contains(&bytes) {
+            return Err(format!(
+                "{shown}: `bytes` {bytes} is not a corpus size tiny-gpt makes"
+            ));
+        }
+        Ok(Self {
+            bytes,
+            seed: field("seed")?,
+        })
+    }
 }

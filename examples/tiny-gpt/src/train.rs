@@ -21,8 +21,9 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use thiserror::Error;
 
+use crate::corpus::{self, CorpusRecord};
 use crate::parallel::{Heartbeat, ParallelError, Peer, Topology, panic_message};
-use crate::{corpus, plot};
+use crate::plot;
 
 /// Training settings (the command line's).
 #[derive(Debug, Clone)]
@@ -51,14 +52,13 @@ pub struct DocumentSettings {
 
 pub const VOCAB: usize = 256;
 const CORPUS_BYTES: usize = 200_000;
-const VALIDATION_FRACTION: f64 = 0.1;
 const VALIDATION_BATCHES: usize = 8;
 /// tiny-gpt trains small models: 2^28 parameters (1 GiB in f32, 4 GiB with gradients and AdamW's
 /// moments) is far beyond what 2 cores train in reasonable time.
 pub const MAX_PARAMETERS: usize = 1 << 28;
-/// Files a checkpoint directory may hold besides the checkpoint's own (the loss curve, and the
-/// weights file of earlier versions), so that training again replaces it.
-pub const EXTRA_FILES: [&str; 2] = ["loss.png", "model.bin"];
+/// Files a checkpoint directory may hold besides the checkpoint's own (the corpus record, the
+/// loss curve, and the weights file of earlier versions), so that training again replaces it.
+pub const EXTRA_FILES: [&str; 3] = [corpus::RECORD_FILE, "loss.png", "model.bin"];
 
 /// What can stop training.
 #[derive(Debug, Error)]
@@ -152,7 +152,7 @@ impl TrainSettings {
             ));
         }
         // Training and validation windows are drawn from the validation text, the shorter part.
-        let longest = (CORPUS_BYTES as f64 * VALIDATION_FRACTION) as usize - 2;
+        let longest = (CORPUS_BYTES as f64 * corpus::VALIDATION_FRACTION) as usize - 2;
         if config.context_length > longest {
             return Err(setting(
                 "--context",
@@ -317,9 +317,12 @@ pub fn train<B: AutodiffBackend>(
         .transpose()?;
     let config = &settings.config;
     let context = config.context_length;
-    let text = corpus::generate(CORPUS_BYTES, settings.seed).into_bytes();
-    let split = (text.len() as f64 * (1.0 - VALIDATION_FRACTION)) as usize;
-    let (train_text, valid_text) = text.split_at(split);
+    let record = CorpusRecord {
+        bytes: CORPUS_BYTES,
+        seed: settings.seed,
+    };
+    let text = record.text();
+    let (train_text, valid_text) = corpus::split(&text);
     let valid_starts: Vec<usize> = (0..VALIDATION_BATCHES * settings.batch)
         .map(|i| i * (valid_text.len() - context - 1) / (VALIDATION_BATCHES * settings.batch))
         .collect();
@@ -399,14 +402,16 @@ pub fn train<B: AutodiffBackend>(
     } = trained;
     let unigram = job.unigram;
     checkpoint::save(&output, &model.valid(), config, |dir| {
+        record.write(dir)?;
         plot::loss_curve(&dir.join("loss.png"), &train_curve, &valid_curve, unigram)
             .map_err(|e| format!("cannot draw the loss curve: {e}"))
     })?;
     println!(
-        "checkpoint: {} ({}, {}, loss.png)",
+        "checkpoint: {} ({}, {}, {}, loss.png)",
         settings.out.display(),
         checkpoint::WEIGHTS_FILE,
-        checkpoint::CONFIG_FILE
+        checkpoint::CONFIG_FILE,
+        corpus::RECORD_FILE,
     );
     Ok(Some((valid_loss, unigram)))
 }
