@@ -6,7 +6,7 @@
 //! - [`wgpu_device_for_test`]: the wgpu device, or a skip that says why (a failure under
 //!   `REQUIRE_WGPU`, as in CI).
 //! - [`fixture`]: the golden files in the workspace's top-level `fixtures/`.
-//! - [`values`]: deterministic test values, the same for a seed on every machine.
+//! - [`values`], [`gaussian`]: deterministic test values, the same for a seed on every machine.
 #![warn(missing_docs)]
 
 use attention_backends::{Autodiff, REQUIRE_WGPU, WgpuDevice, wgpu_device};
@@ -90,6 +90,21 @@ pub fn values(len: usize, seed: u64) -> Vec<f64> {
             state ^= state << 17;
             (state >> 11) as f64 / (1u64 << 52) as f64 - 1.0
         })
+        .collect()
+}
+
+/// `len` standard normal values from `seed` (Box–Muller on [`values`]).
+pub fn gaussian(len: usize, seed: u64) -> Vec<f64> {
+    let uniform = values(len + len % 2, seed);
+    uniform
+        .chunks_exact(2)
+        .flat_map(|pair| {
+            let (u, v) = ((pair[0] + 1.0) / 2.0, (pair[1] + 1.0) / 2.0);
+            let radius = (-2.0 * (1.0 - u).ln()).sqrt();
+            let angle = 2.0 * std::f64::consts::PI * v;
+            [radius * angle.cos(), radius * angle.sin()]
+        })
+        .take(len)
         .collect()
 }
 

@@ -27,6 +27,8 @@ mod tiling;
 use burn::prelude::*;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
+use super::device_kv::DeviceKv;
+
 pub(crate) use op::{cached, end_step, forward, on_autodiff, paged};
 
 /// The sizes and score rule of one kernel call.
@@ -95,6 +97,30 @@ pub(crate) enum KvTensors<B: Backend> {
 }
 
 impl<B: Backend> KvTensors<B> {
+    /// A cache's stored keys and values as the kernel reads them.
+    pub(crate) fn stored(keys: DeviceKv<B>, values: DeviceKv<B>) -> Self {
+        match (keys, values) {
+            (DeviceKv::Float(key), DeviceKv::Float(value)) => Self::Float {
+                key: key.into_primitive().tensor(),
+                value: value.into_primitive().tensor(),
+            },
+            (
+                DeviceKv::Int8 {
+                    words: k,
+                    scales: ks,
+                },
+                DeviceKv::Int8 {
+                    words: v,
+                    scales: vs,
+                },
+            ) => Self::Int8 {
+                words: [k.into_primitive(), v.into_primitive()],
+                scales: [ks.into_primitive().tensor(), vs.into_primitive().tensor()],
+            },
+            _ => unreachable!("keys and values are stored alike"),
+        }
+    }
+
     /// The keys and values in a float type, which the backward pass reads (a narrow cache is for
     /// inference: the layer refuses one under `Autodiff`).
     pub(crate) fn float(&self) -> [&FloatTensor<B>; 2] {

@@ -282,26 +282,7 @@ impl<B: Backend> StoredStep<B> {
         };
         let (mut tensors, sinks, call) = prepared(same_type::<_, KernelInputs<Bare>>(step));
         let bare = |rows: &DeviceKv<B>| same_type::<_, DeviceKv<Bare>>(rows.clone());
-        tensors.kv = match (bare(keys), bare(values)) {
-            (DeviceKv::Float(key), DeviceKv::Float(value)) => KvTensors::Float {
-                key: float(key),
-                value: float(value),
-            },
-            (
-                DeviceKv::Int8 {
-                    words: k,
-                    scales: ks,
-                },
-                DeviceKv::Int8 {
-                    words: v,
-                    scales: vs,
-                },
-            ) => KvTensors::Int8 {
-                words: [k.into_primitive(), v.into_primitive()],
-                scales: [float(ks), float(vs)],
-            },
-            _ => unreachable!("keys and values are stored alike"),
-        };
+        tensors.kv = KvTensors::stored(bare(keys), bare(values));
         (tensors, sinks, call)
     }
 }

@@ -602,26 +602,7 @@ fn assert_forward_stored(case: &Case, splits: usize, kv_dtype: crate::KvDtype, s
     inputs.value = stored(&values);
     let want = reference(case, &inputs);
     let mut tensors = tensors(case, &inputs, DType::F32, &device);
-    tensors.kv = match (keys, values) {
-        (DeviceKv::Float(key), DeviceKv::Float(value)) => KvTensors::Float {
-            key: key.into_primitive().tensor(),
-            value: value.into_primitive().tensor(),
-        },
-        (
-            DeviceKv::Int8 {
-                words: k,
-                scales: ks,
-            },
-            DeviceKv::Int8 {
-                words: v,
-                scales: vs,
-            },
-        ) => KvTensors::Int8 {
-            words: [k.into_primitive(), v.into_primitive()],
-            scales: [ks.into_primitive().tensor(), vs.into_primitive().tensor()],
-        },
-        _ => unreachable!("keys and values are stored alike"),
-    };
+    tensors.kv = KvTensors::stored(keys, values);
     let sinks = case
         .scored
         .then(|| tensor(&inputs.sinks, [case.heads], DType::F32, &device));
@@ -697,4 +678,74 @@ fn int8_rows_are_packed_low_byte_first() {
         "bytes 0x7f, 0x81, 0x01, 0xff, then 64 and three zero bytes; the second head zeros"
     );
     assert_eq!(scales, [0.5, 0.0]);
+}
+
+/// A decoding step of 12 heads of 64 over 1 000 cached positions of Gaussian keys and values
+/// (with `outliers`, four key features 10× the rest, as real keys have), over a cache stored in
+/// `kv_dtype` against the f32 cache: the relative L2 of the outputs. As the CPU kernel's
+/// `a_decoding_step_loses_what_each_type_promises`, whose scales these are.
+fn decode_error(kv_dtype: crate::KvDtype, outliers: bool, device: &WgpuDevice) -> f64 {
+    use crate::kernels::device_kv::DeviceKv;
+    let case = Case {
+        queries: 1,
+        ..Case::new(1, 1000, 12, 12, 64)
+    };
+    let gaussian = |len, seed| -> Vec<f32> {
+        let values = test_support::gaussian(len, seed);
+        values.into_iter().map(|x| x as f32).collect()
+    };
+    let query = gaussian(12 * 64, 11);
+    let mut keys = gaussian(1000 * 12 * 64, 12);
+    if outliers {
+        for row in keys.chunks_exact_mut(64) {
+            for feature in [3, 17, 40, 61] {
+                row[feature] *= 10.0;
+            }
+        }
+    }
+    let values = gaussian(1000 * 12 * 64, 13);
+    let call = FlashCall {
+        scale: if outliers { 0.02 } else { 0.125 },
+        ..case.call(1, TileRule::Auto)
+    };
+    let rows = |data: &[f32]| tensor(data, [1, 1000, 12 * 64], DType::F32, device);
+    let run = |kv: KvTensors<Plain>| {
+        let tensors = FlashTensors {
+            query: tensor(&query, [1, 1, 12 * 64], DType::F32, device),
+            kv,
+            key_padding: None,
+            documents: None,
+            pages: None,
+        };
+        let [output, _] = Plain::flash_forward(tensors, None, call);
+        host(flat(output))
+    };
+    let exact = run(KvTensors::Float {
+        key: rows(&keys),
+        value: rows(&values),
+    });
+    let stored = |data: &[f32]| {
+        let tensor = Tensor::<Plain, 3>::from_primitive(TensorPrimitive::Float(rows(data)));
+        DeviceKv::encoded(tensor, 12, kv_dtype)
+    };
+    let kv = KvTensors::stored(stored(&keys), stored(&values));
+    test_support::relative_l2(&run(kv), &exact)
+}
+
+#[test]
+fn a_decoding_step_loses_what_each_type_promises() {
+    let Some(device) = device() else { return };
+    let int8 = decode_error(crate::KvDtype::Int8, false, &device);
+    let outliers = decode_error(crate::KvDtype::Int8, true, &device);
+    eprintln!("gpu kernel, relative L2: int8 {int8:e} (outliers {outliers:e})");
+    assert!(
+        int8 <= 0.015 && int8 > 1e-4,
+        "int8 on Gaussian keys: {int8:e}"
+    );
+    assert!(outliers <= 0.03, "int8 with outlier channels: {outliers:e}");
+    if has_f16(&device) {
+        let f16 = decode_error(crate::KvDtype::F16, false, &device);
+        eprintln!("gpu kernel, relative L2: f16 {f16:e}");
+        assert!(f16 <= 1e-3 && f16 > 1e-6, "f16: {f16:e}");
+    }
 }

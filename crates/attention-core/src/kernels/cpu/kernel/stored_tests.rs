@@ -6,20 +6,10 @@
 use super::*;
 use crate::kernels::cpu::host_cache::Stored;
 
-/// `len` standard normal values (Box–Muller on the deterministic uniform values).
+/// `len` standard normal values.
 fn gaussian(len: usize, seed: u64) -> Vec<f32> {
-    let uniform = test_support::values(len + len % 2, seed);
-    uniform
-        .chunks_exact(2)
-        .flat_map(|pair| {
-            let (u, v) = ((pair[0] + 1.0) / 2.0, (pair[1] + 1.0) / 2.0);
-            let radius = (-2.0 * (1.0 - u).ln()).sqrt();
-            let angle = 2.0 * std::f64::consts::PI * v;
-            [radius * angle.cos(), radius * angle.sin()]
-        })
-        .take(len)
-        .map(|x| x as f32)
-        .collect()
+    let values = test_support::gaussian(len, seed);
+    values.into_iter().map(|x| x as f32).collect()
 }
 
 /// A buffer of `rows` rows of `head_dim`, stored as `S`, and the same rows widened back to `f32`
