@@ -157,15 +157,14 @@ impl RaggedStep {
     }
 
     /// The step for the GPU kernel, on `device`: each sequence's row holds its first token's
-    /// index on the packed axis, its new tokens, its keys, then its page ids, all `f32` (exact
-    /// to 2²⁴, as [`PagePool::MAX_PAGES`](crate::PagePool::MAX_PAGES) keeps the ids), `[sequences,
-    /// 3 + per_sequence]`. Uploaded once, by the first layer of the step that asks on that device,
-    /// and shared by the others.
+    /// index on the packed axis, its new tokens, its keys, then its page ids, `[sequences, 3 +
+    /// per_sequence]` (`i32`: the kernel reads them as `u32`). Uploaded once, by the first layer
+    /// of the step that asks on that device, and shared by the others.
     #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
-    pub(crate) fn tables_on<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2> {
+    pub(crate) fn tables_on<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
         let upload = || {
             let width = 3 + self.per_sequence;
-            let rows: Vec<f32> = self
+            let rows: Vec<i32> = self
                 .sequences
                 .iter()
                 .enumerate()
@@ -173,14 +172,16 @@ impl RaggedStep {
                     let head = [self.offsets[index], sequence.new, sequence.keys()];
                     head.into_iter()
                         .chain(self.table(index).iter().map(|&page| page as usize))
-                        .map(|value| value as f32)
+                        .map(|value| {
+                            i32::try_from(value).expect("the pool's ids and lengths fit an i32")
+                        })
                 })
                 .collect();
             let shape = [self.sequences.len(), width];
-            Tensor::<B, 2>::from_data(TensorData::new(rows, shape), (device, DType::F32))
+            Tensor::<B, 2, Int>::from_data(TensorData::new(rows, shape), (device, DType::I32))
         };
         let uploaded = self.uploaded.get_or_init(|| Arc::new(upload()));
-        match uploaded.downcast_ref::<Tensor<B, 2>>() {
+        match uploaded.downcast_ref::<Tensor<B, 2, Int>>() {
             Some(tables) if tables.device() == *device => tables.clone(),
             // A step read on another backend or device than its first: uploaded each time.
             _ => upload(),

@@ -192,7 +192,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
 }
 
 /// The kernels' inputs, contiguous (the kernels index rows by hand); a kernel without padding
-/// gets the query in its place, and one without documents or pages an `f32` scalar, never read.
+/// gets the query in its place, and one without documents or pages a scalar, never read.
 /// Over an int8 cache the query stands in for the key and value, and over a float one scalars
 /// for the int8 words and scales (never read either).
 struct Contiguous<R: CubeRuntime> {
@@ -224,9 +224,10 @@ impl<R: CubeRuntime> Contiguous<R> {
         let query = into_contiguous(tensors.query);
         let has_padding = tensors.key_padding.is_some();
         let has_documents = tensors.documents.is_some();
-        let none = || {
+        // A placeholder of one element for an input the call does not have.
+        let none = |dtype: DType| {
             let (client, device) = (query.client.clone(), query.device.clone());
-            empty_device_dtype::<R>(client, device, Shape::new([1]), DType::F32)
+            empty_device_dtype::<R>(client, device, Shape::new([1]), dtype)
         };
         let table_len = tensors
             .pages
@@ -234,13 +235,9 @@ impl<R: CubeRuntime> Contiguous<R> {
             .map_or(0, |pages| pages.meta.shape()[1]);
         let (key, value, stored) = match tensors.kv {
             KvTensors::Float { key, value } => {
-                let no_word = || {
-                    let (client, device) = (query.client.clone(), query.device.clone());
-                    empty_device_dtype::<R>(client, device, Shape::new([1]), DType::U32)
-                };
                 let stored = Int8Kv {
-                    words: [no_word(), no_word()],
-                    scales: [none(), none()],
+                    words: [none(DType::U32), none(DType::U32)],
+                    scales: [none(DType::F32), none(DType::F32)],
                     int8: false,
                 };
                 (into_contiguous(key), into_contiguous(value), stored)
@@ -255,7 +252,9 @@ impl<R: CubeRuntime> Contiguous<R> {
             }
         };
         Self {
-            pages: tensors.pages.map_or_else(none, into_contiguous),
+            pages: tensors
+                .pages
+                .map_or_else(|| none(DType::U32), into_contiguous),
             table_len,
             key,
             value,
@@ -263,7 +262,9 @@ impl<R: CubeRuntime> Contiguous<R> {
             key_padding: tensors
                 .key_padding
                 .map_or_else(|| query.clone(), into_contiguous),
-            documents: tensors.documents.map_or_else(none, into_contiguous),
+            documents: tensors
+                .documents
+                .map_or_else(|| none(DType::F32), into_contiguous),
             query,
             has_padding,
             has_documents,

@@ -10,12 +10,12 @@
 use std::marker::PhantomData;
 
 use burn::prelude::Backend;
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Shape};
 use burn_fusion::client::GlobalFusionClient;
 use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
-use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
+use burn_ir::{BackendIr, CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
 use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors, KvTensors};
 
@@ -130,60 +130,78 @@ impl<B: FusionBackend + FlashBackend> Operation<B::FusionRuntime> for FlashOpera
         &self,
         handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
     ) {
+        let mut inputs = Inputs {
+            irs: self.desc.inputs.iter(),
+            handles,
+        };
         let given = match self.pass {
             Pass::Forward { given, .. } | Pass::Backward { given } => given,
         };
-        let mut irs = self.desc.inputs.iter();
-        let query = handles.get_float_tensor::<B>(irs.next().expect("registered with a query"));
-        // An int8 cache's words are the operation's only integer inputs.
+        // In the order `inputs` registered them.
+        let query = inputs.float::<B>();
         let kv = match given.int8 {
-            false => None,
             true => {
-                let mut word = || handles.get_int_tensor::<B>(irs.next().expect("registered"));
-                Some([word(), word()])
+                let words = [inputs.int::<B>(), inputs.int::<B>()];
+                let scales = [inputs.float::<B>(), inputs.float::<B>()];
+                KvTensors::Int8 { words, scales }
             }
-        };
-        let mut inputs = irs
-            .map(|ir| handles.get_float_tensor::<B>(ir))
-            .collect::<Vec<_>>()
-            .into_iter();
-        let mut next = || inputs.next().expect("the operation was registered with it");
-        let kv = match kv {
-            Some(words) => KvTensors::Int8 {
-                words,
-                scales: [next(), next()],
-            },
-            None => KvTensors::Float {
-                key: next(),
-                value: next(),
+            false => KvTensors::Float {
+                key: inputs.float::<B>(),
+                value: inputs.float::<B>(),
             },
         };
-        let mut tensors = |given: Given| FlashTensors::<B> {
-            query: query.clone(),
-            kv: kv.clone(),
-            key_padding: given.padding.then(&mut next),
-            documents: given.documents.then(&mut next),
-            pages: given.pages.then(&mut next),
+        let tensors = FlashTensors::<B> {
+            query,
+            kv,
+            key_padding: given.padding.then(|| inputs.float::<B>()),
+            documents: given.documents.then(|| inputs.float::<B>()),
+            pages: given.pages.then(|| inputs.int::<B>()),
         };
         let outputs: Vec<FloatTensor<B>> = match self.pass {
-            Pass::Forward { given, has_sinks } => {
-                let tensors = tensors(given);
-                let sinks = has_sinks.then(&mut next);
+            Pass::Forward { has_sinks, .. } => {
+                let sinks = has_sinks.then(|| inputs.float::<B>());
                 B::flash_forward(tensors, sinks, self.call).into()
             }
-            Pass::Backward { given } => {
-                let tensors = tensors(given);
+            Pass::Backward { .. } => {
                 let grads = FlashGradInputs {
-                    output_grad: next(),
-                    lse: next(),
-                    delta: next(),
+                    output_grad: inputs.float::<B>(),
+                    lse: inputs.float::<B>(),
+                    delta: inputs.float::<B>(),
                 };
                 B::flash_backward(tensors, grads, self.call).into()
             }
         };
+        let handles = inputs.handles;
         for (ir, tensor) in self.desc.outputs.iter().zip(outputs) {
             handles.register_float_tensor::<B>(&ir.id, tensor);
         }
+    }
+}
+
+/// An operation's inputs as its stream holds them, taken in the order they were registered.
+struct Inputs<'a, H> {
+    irs: std::slice::Iter<'a, TensorIr>,
+    handles: &'a mut HandleContainer<H>,
+}
+
+impl<H: Clone> Inputs<'_, H> {
+    fn next_ir(&mut self) -> TensorIr {
+        self.irs
+            .next()
+            .expect("the operation was registered with it")
+            .clone()
+    }
+
+    /// The next input, a float tensor.
+    fn float<B: BackendIr<Handle = H>>(&mut self) -> FloatTensor<B> {
+        let ir = self.next_ir();
+        self.handles.get_float_tensor::<B>(&ir)
+    }
+
+    /// The next input, an integer tensor (an int8 cache's words, a ragged step's tables).
+    fn int<B: BackendIr<Handle = H>>(&mut self) -> IntTensor<B> {
+        let ir = self.next_ir();
+        self.handles.get_int_tensor::<B>(&ir)
     }
 }
 

@@ -65,16 +65,17 @@ pub(crate) struct FlashCall {
 /// - `key_padding`: `[batch, keys]`, `1` = padding, in the query's float type
 /// - `documents`: `[batch, keys, 2]`, each position's document `[start, end)`, `f32`, where the
 ///   sequences are packed from documents (then `queries == keys`)
-/// - `pages`: `[batch, table_len]`, with `key` and `value` a page pool (see the field)
+/// - `pages`: `[batch, table_len]` (`i32`), with the keys and values a page pool (see the field)
 #[derive(Debug, Clone)]
 pub(crate) struct FlashTensors<B: Backend> {
     pub query: FloatTensor<B>,
     pub kv: KvTensors<B>,
     pub key_padding: Option<FloatTensor<B>>,
     pub documents: Option<FloatTensor<B>>,
-    /// Each sequence's page ids, `[batch, table_len]` in `f32` (exact to 2²⁴ pages), where the
-    /// key and value tensors are a page pool `[1, pages · page_size, kv_heads · head_dim]`.
-    pub pages: Option<FloatTensor<B>>,
+    /// A ragged step's tables, `[batch, table_len]` in `i32` (each sequence's first query row,
+    /// queries and keys, then its page ids), where the keys and values are a page pool `[1,
+    /// pages · page_size, ·]`.
+    pub pages: Option<IntTensor<B>>,
 }
 
 /// The keys and values a kernel reads: in a float type (the query's; the forward pass also reads

@@ -313,7 +313,7 @@ pub(crate) fn paged<B: Backend, Bare: FlashBackend>(inputs: PagedInputs<'_, B>) 
     let [keys, values] = [keys, values].map(|pages| pages.clone().merged());
     let [_, pool_rows] = keys.dims();
     let (mut tensors, sinks, call) = stored.prepared::<Bare>([&keys, &values]);
-    tensors.pages = Some(float(same_type::<_, Tensor<Bare, 2>>(tables)));
+    tensors.pages = Some(same_type::<_, Tensor<Bare, 2, Int>>(tables).into_primitive());
     let sequences = step.sequences();
     let queries = sequences.iter().map(|s| s.new).max().unwrap_or(1);
     let keys = sequences.iter().map(|s| s.keys()).max().unwrap_or(1);

@@ -44,7 +44,7 @@ pub fn flash_forward<F: Float, O: Float, S: Float, N: Size>(
     value_scales: &Tensor<f32>,
     key_padding: &Tensor<F>,
     documents: &Tensor<f32>,
-    tables: &Tensor<f32>,
+    tables: &Tensor<u32>,
     sinks: &Tensor<F>,
     output: &mut Tensor<Vector<O, N>>,
     lse: &mut Tensor<f32>,
@@ -64,9 +64,9 @@ pub fn flash_forward<F: Float, O: Float, S: Float, N: Size>(
         // launch's `queries` counts every sequence's together.
         let row = CUBE_POS_Z * geometry.table_len;
         split_rows = geometry.queries;
-        query_base = u32::cast_from(tables[row as usize]);
-        geometry.queries = u32::cast_from(tables[(row + 1) as usize]);
-        geometry.keys = u32::cast_from(tables[(row + 2) as usize]);
+        query_base = tables[row as usize];
+        geometry.queries = tables[(row + 1) as usize];
+        geometry.keys = tables[(row + 2) as usize];
         // The sequence's own splits, by the rule the host applies to a whole call: none for a
         // prompt chunk, one per `SPLIT_KEYS` keys for a decoding row, at most the launch's. The
         // launch's further splits get no keys and leave a partial the combine weighs 0.

@@ -475,14 +475,14 @@ pub fn storage_row(
     key: u32,
     first_key: u32,
     first_row: u32,
-    tables: &Tensor<f32>,
+    tables: &Tensor<u32>,
     source: &KeySource,
 ) -> u32 {
     let geometry = source.geometry;
     let mut row = first_row + key - first_key;
     if geometry.page_size > 0 {
         let table = source.batch * geometry.table_len + SEQUENCE_COLUMNS;
-        let page = u32::cast_from(tables[(table + key / geometry.page_size) as usize]);
+        let page = tables[(table + key / geometry.page_size) as usize];
         row = page * geometry.page_size + key % geometry.page_size;
     }
     row
@@ -527,7 +527,7 @@ pub fn load_stored_rows<F: Float, S: Float, N: Size>(
     words: &Tensor<u32>,
     scales: &Tensor<f32>,
     tile: &mut SharedMemory<Vector<F, N>>,
-    tables: &Tensor<f32>,
+    tables: &Tensor<u32>,
     source: &KeySource,
     start: u32,
     from: &HeadRows,
@@ -675,7 +675,7 @@ impl<F: Float, N: Size> KeyTile<F, N> {
         key_scales: &Tensor<f32>,
         value_scales: &Tensor<f32>,
         key_padding: &Tensor<F>,
-        tables: &Tensor<f32>,
+        tables: &Tensor<u32>,
         source: &KeySource,
         start: u32,
         end: u32,
