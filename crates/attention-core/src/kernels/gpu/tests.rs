@@ -371,21 +371,51 @@ fn assert_forward(
     device: &WgpuDevice,
 ) {
     let inputs = Inputs::new(case, seed, dtype);
-    let want = reference(case, &inputs);
+    let what = format!("{case:?} in {dtype:?}, {splits} splits, {tiles:?}");
+    let tensors = tensors(case, &inputs, dtype, device);
+    assert_forward_of(
+        case,
+        &inputs,
+        tensors,
+        case.call(splits, tiles),
+        dtype,
+        &what,
+    );
+}
+
+/// The forward pass of `call` on `tensors` (`inputs` of `case` in `dtype`) against the
+/// reference on `inputs`: output and log-sum-exp.
+fn assert_forward_of(
+    case: &Case,
+    inputs: &Inputs,
+    tensors: FlashTensors<Plain>,
+    call: FlashCall,
+    dtype: DType,
+    what: &str,
+) {
+    let want = reference(case, inputs);
+    let device = tensors.query.device.clone();
     let sinks = case
         .scored
-        .then(|| tensor(&inputs.sinks, [case.heads], dtype, device));
-    let [output, lse] = Plain::flash_forward(
-        tensors(case, &inputs, dtype, device),
-        sinks,
-        case.call(splits, tiles),
-    );
-    let what = format!("{case:?} in {dtype:?}, {splits} splits, {tiles:?}");
+        .then(|| tensor(&inputs.sinks, [case.heads], dtype, &device));
+    let [output, lse] = Plain::flash_forward(tensors, sinks, call);
     let allowed = tolerance(dtype);
     let [output, lse] = [output, lse].map(|tensor| host(flat(tensor)));
     assert_close(&output, &want.output, allowed, &format!("{what}: output"));
     assert_close(&lse, &want.lse, allowed, &format!("{what}: lse"));
 }
+
+/// 3 new queries after 147 cached keys stored from row 5 of 200; a group of 3 heads; padding,
+/// scores and sinks.
+const DECODING: Case = Case {
+    queries: 3,
+    keys: 150,
+    key_first: 5,
+    key_rows: 200,
+    padded: true,
+    scored: true,
+    ..Case::new(2, 150, 6, 2, 64)
+};
 
 /// The backward pass of `case` in `dtype` with `tiles` (the log-sum-exp and `D` of the
 /// reference) against the reference.
@@ -518,16 +548,7 @@ fn sequences_packed_from_documents() {
 #[test]
 fn decoding_over_a_cache_whole_and_split() {
     let Some(device) = device() else { return };
-    // 3 new queries after 147 cached keys stored from row 5 of 200; a group of 3 heads.
-    let case = Case {
-        queries: 3,
-        keys: 150,
-        key_first: 5,
-        key_rows: 200,
-        padded: true,
-        scored: true,
-        ..Case::new(2, 150, 6, 2, 64)
-    };
+    let case = DECODING;
     for (i, splits) in [1, 4, 7].into_iter().enumerate() {
         assert_forward(
             &case,
@@ -600,35 +621,19 @@ fn assert_forward_stored(case: &Case, splits: usize, kv_dtype: crate::KvDtype, s
     };
     inputs.key = stored(&keys);
     inputs.value = stored(&values);
-    let want = reference(case, &inputs);
     let mut tensors = tensors(case, &inputs, DType::F32, &device);
     tensors.kv = KvTensors::stored(keys, values);
-    let sinks = case
-        .scored
-        .then(|| tensor(&inputs.sinks, [case.heads], DType::F32, &device));
     let call = case.call(splits, TileRule::Auto);
-    let [output, lse] = Plain::flash_forward(tensors, sinks, call);
     let what = format!("{case:?} over {kv_dtype}, {splits} splits");
-    let [output, lse] = [output, lse].map(|tensor| host(flat(tensor)));
-    assert_close(&output, &want.output, TOL, &format!("{what}: output"));
-    assert_close(&lse, &want.lse, TOL, &format!("{what}: lse"));
+    assert_forward_of(case, &inputs, tensors, call, DType::F32, &what);
 }
 
 #[test]
 fn decoding_over_f16_and_int8_storage() {
     let Some(device) = device() else { return };
-    // As `decoding_over_a_cache_whole_and_split`: 3 queries after 147 cached keys from row 5 of
-    // 200, a group of 3 heads, padding, scores and sinks; then a window; then a width that is no
-    // multiple of four (int8's last word of each head half empty) in vectors of 2.
-    let case = Case {
-        queries: 3,
-        keys: 150,
-        key_first: 5,
-        key_rows: 200,
-        padded: true,
-        scored: true,
-        ..Case::new(2, 150, 6, 2, 64)
-    };
+    // `DECODING`; then with a window; then a width that is no multiple of four (int8's last word
+    // of each head half empty) in vectors of 2.
+    let case = DECODING;
     let windowed = Case {
         window: Some(40),
         ..case

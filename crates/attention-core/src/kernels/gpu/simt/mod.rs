@@ -582,6 +582,14 @@ impl KeySource {
         }
     }
 
+    /// This head's rows of a tile of keys `start ..` (up to `end`) in a call's key and value
+    /// tensors, the sequence's keys lying from row `key_first` of its `key_rows`.
+    pub fn tile_rows(&self, start: u32, end: u32, #[comptime] sizes: KernelSizes) -> HeadRows {
+        let geometry = self.geometry;
+        let first_row = self.batch * geometry.key_rows + geometry.key_first + start;
+        self.rows(first_row, start, end, sizes)
+    }
+
     /// This head's rows of keys `start ..` (a tile's at most, up to `end`), the first at storage
     /// row `first_row`.
     pub fn rows(
@@ -641,20 +649,29 @@ impl<F: Float, N: Size> KeyTile<F, N> {
         #[comptime] sizes: KernelSizes,
     ) {
         let tile = comptime!(sizes.tile);
-        let geometry = source.geometry;
-        let first_row = source.batch * geometry.key_rows + geometry.key_first + start;
-        let from = source.rows(first_row, start, end, sizes);
-        let count = from.count;
+        let from = source.tile_rows(start, end, sizes);
         load_rows::<F, N>(key, &mut self.keys, &from, tile, sizes);
         load_rows::<F, N>(value, &mut self.values, &from, tile, sizes);
-        if geometry.padded == 1 {
-            let first = source.batch * geometry.keys + start;
+        self.load_padding(key_padding, source, start, from.count, sizes);
+    }
+
+    /// The padding flags of the tile's `count` keys from `start`, where the call has padding.
+    pub fn load_padding(
+        &mut self,
+        key_padding: &Tensor<F>,
+        source: &KeySource,
+        start: u32,
+        count: u32,
+        #[comptime] sizes: KernelSizes,
+    ) {
+        if source.geometry.padded == 1 {
+            let first = source.batch * source.geometry.keys + start;
             load_scalars::<F>(
                 key_padding,
                 &mut self.padding,
                 first,
                 count,
-                tile,
+                comptime!(sizes.tile),
                 sizes.units,
             );
         }
@@ -682,9 +699,7 @@ impl<F: Float, N: Size> KeyTile<F, N> {
         #[comptime] sizes: KernelSizes,
         #[comptime] int8: bool,
     ) {
-        let geometry = source.geometry;
-        let first_row = source.batch * geometry.key_rows + geometry.key_first + start;
-        let from = source.rows(first_row, start, end, sizes);
+        let from = source.tile_rows(start, end, sizes);
         load_stored_rows::<F, S, N>(
             key,
             key_words,
@@ -709,17 +724,7 @@ impl<F: Float, N: Size> KeyTile<F, N> {
             sizes,
             int8,
         );
-        if geometry.padded == 1 {
-            let first = source.batch * geometry.keys + start;
-            load_scalars::<F>(
-                key_padding,
-                &mut self.padding,
-                first,
-                from.count,
-                comptime!(sizes.tile),
-                sizes.units,
-            );
-        }
+        self.load_padding(key_padding, source, start, from.count, sizes);
     }
 
     /// Whether a query at `position`, whose document starts at `first_key`, sees key `column` of
