@@ -129,21 +129,42 @@ pub fn flash_forward<F: Float, O: Float, S: Float, N: Size>(
     let key_source = KeySource::new(&geometry, &unit);
     let mut start = key_start;
     while start < key_end {
-        kv.load_stored::<S>(
-            key,
-            value,
-            key_words,
-            value_words,
-            key_scales,
-            value_scales,
-            key_padding,
-            tables,
-            &key_source,
-            start,
-            key_end,
-            sizes,
-            int8,
-        );
+        // One compiled loop per row mapping: a table lookup in the dense loop costs registers.
+        if geometry.page_size > 0 {
+            kv.load_stored::<S>(
+                key,
+                value,
+                key_words,
+                value_words,
+                key_scales,
+                value_scales,
+                key_padding,
+                tables,
+                &key_source,
+                start,
+                key_end,
+                sizes,
+                int8,
+                true,
+            );
+        } else {
+            kv.load_stored::<S>(
+                key,
+                value,
+                key_words,
+                value_words,
+                key_scales,
+                value_scales,
+                key_padding,
+                tables,
+                &key_source,
+                start,
+                key_end,
+                sizes,
+                int8,
+                false,
+            );
+        }
         sync_cube();
 
         // Scores: the unit's rows against its keys `lane + j · lanes`.

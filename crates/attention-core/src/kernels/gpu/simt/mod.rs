@@ -468,19 +468,20 @@ pub fn load_rows<F: Float, N: Size>(
 /// The storage row of key `key` of `source`'s sequence, whose keys from `first_key` on lie
 /// from row `first_row` (a plain call, or a cache's rows), or, in a ragged step over a page pool,
 /// at row `key % page_size` of the page its table names at `key / page_size`.
+/// `paged` is a compile-time choice (the caller branches once, outside its loop), so that the
+/// dense path's loop carries no table lookup.
 #[cube]
-// A kernel function: the branch is on the call's kind (paged or not), not a guard of the division.
-#[allow(clippy::manual_checked_ops)]
 pub fn storage_row(
     key: u32,
     first_key: u32,
     first_row: u32,
     tables: &Tensor<u32>,
     source: &KeySource,
+    #[comptime] paged: bool,
 ) -> u32 {
     let geometry = source.geometry;
     let mut row = first_row + key - first_key;
-    if geometry.page_size > 0 {
+    if comptime!(paged) {
         let table = source.batch * geometry.table_len + SEQUENCE_COLUMNS;
         let page = tables[(table + key / geometry.page_size) as usize];
         row = page * geometry.page_size + key % geometry.page_size;
@@ -533,6 +534,7 @@ pub fn load_stored_rows<F: Float, S: Float, N: Size>(
     from: &HeadRows,
     #[comptime] sizes: KernelSizes,
     #[comptime] int8: bool,
+    #[comptime] paged: bool,
 ) {
     let total = comptime!(sizes.tile * sizes.vectors);
     let mut at = UNIT_POS_X;
@@ -541,7 +543,7 @@ pub fn load_stored_rows<F: Float, S: Float, N: Size>(
         let vector = at % sizes.vectors;
         let mut value = Vector::<F, N>::new(F::new(0.0));
         if row < from.count && vector < from.head_vectors {
-            let stored_row = storage_row(start + row, start, from.first_row, tables, source);
+            let stored_row = storage_row(start + row, start, from.first_row, tables, source, paged);
             if comptime!(int8) {
                 value = int8_vector::<F, N>(
                     words,
@@ -681,7 +683,7 @@ impl<F: Float, N: Size> KeyTile<F, N> {
     /// in a narrower type (see [`load_stored_rows`]), and in a ragged step a page pool: key `j` of
     /// the sequence lies at row `j % page_size` of the page that its table names at `j /
     /// page_size` (one table read per row; a tile's rows share a page but where it crosses one).
-    /// A paged call has no padding.
+    /// A paged call has no padding; `paged` says whether this is one, at compile time.
     #[allow(clippy::too_many_arguments)]
     pub fn load_stored<S: Float>(
         &mut self,
@@ -698,6 +700,7 @@ impl<F: Float, N: Size> KeyTile<F, N> {
         end: u32,
         #[comptime] sizes: KernelSizes,
         #[comptime] int8: bool,
+        #[comptime] paged: bool,
     ) {
         let from = source.tile_rows(start, end, sizes);
         load_stored_rows::<F, S, N>(
@@ -711,6 +714,7 @@ impl<F: Float, N: Size> KeyTile<F, N> {
             &from,
             sizes,
             int8,
+            paged,
         );
         load_stored_rows::<F, S, N>(
             value,
@@ -723,6 +727,7 @@ impl<F: Float, N: Size> KeyTile<F, N> {
             &from,
             sizes,
             int8,
+            paged,
         );
         self.load_padding(key_padding, source, start, from.count, sizes);
     }
