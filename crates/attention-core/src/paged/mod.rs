@@ -23,6 +23,7 @@ mod pool;
 mod step;
 
 pub use pool::{PagePool, PageTable};
+pub(crate) use step::StepUpload;
 pub use step::{PageCopy, RaggedStep, SequenceStep};
 
 /// One layer's keys and values for every page of a [`PagePool`]: made once, at the pool's size,

@@ -1,7 +1,7 @@
 //! One step of a ragged batch over pages: what every layer of one attention kind reads.
 
 use std::any::Any;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use burn::prelude::*;
 use burn::tensor::{DType, TensorData};
@@ -57,10 +57,29 @@ pub struct RaggedStep {
     copies: Vec<PageCopy>,
     /// Where each sequence's tokens start, and the end of the last.
     offsets: Vec<usize>,
-    /// The tables on a device, uploaded by the first layer that reads them there and shared by
-    /// the step's later layers (and clones).
+    /// What a kernel's launches read of the step on a device (the tables; the GPU forward
+    /// pass's work list), uploaded by the first layer that asks there and shared by the step's
+    /// later layers (and clones).
     #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
-    uploaded: Arc<OnceLock<Arc<dyn Any + Send + Sync>>>,
+    uploads: Arc<Mutex<Vec<(StepUpload, Uploaded)>>>,
+}
+
+/// A tensor a kernel uploaded of a step, of its backend's type.
+type Uploaded = Arc<dyn Any + Send + Sync>;
+
+/// What a kernel uploads of a [`RaggedStep`] once per step and device: the key under which the
+/// step keeps it for its later layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
+pub(crate) enum StepUpload {
+    /// [`RaggedStep::tables_on`].
+    Tables,
+    /// The GPU forward pass's work list for launches of these sizes (`kernels::gpu`).
+    WorkList {
+        heads: usize,
+        kv_heads: usize,
+        pairs_per_block: usize,
+    },
 }
 
 impl std::fmt::Debug for RaggedStep {
@@ -109,7 +128,7 @@ impl RaggedStep {
             per_sequence,
             copies,
             offsets,
-            uploaded: Arc::default(),
+            uploads: Arc::default(),
         }
     }
 
@@ -162,9 +181,9 @@ impl RaggedStep {
     /// of the step that asks on that device, and shared by the others.
     #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
     pub(crate) fn tables_on<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
-        let upload = || {
+        self.uploaded_once(StepUpload::Tables, device, || {
             let width = 3 + self.per_sequence;
-            let rows: Vec<i32> = self
+            let rows = self
                 .sequences
                 .iter()
                 .enumerate()
@@ -172,20 +191,48 @@ impl RaggedStep {
                     let head = [self.offsets[index], sequence.new, sequence.keys()];
                     head.into_iter()
                         .chain(self.table(index).iter().map(|&page| page as usize))
-                        .map(|value| {
-                            i32::try_from(value).expect("the pool's ids and lengths fit an i32")
-                        })
                 })
                 .collect();
-            let shape = [self.sequences.len(), width];
-            Tensor::<B, 2, Int>::from_data(TensorData::new(rows, shape), (device, DType::I32))
-        };
-        let uploaded = self.uploaded.get_or_init(|| Arc::new(upload()));
-        match uploaded.downcast_ref::<Tensor<B, 2, Int>>() {
-            Some(tables) if tables.device() == *device => tables.clone(),
-            // A step read on another backend or device than its first: uploaded each time.
-            _ => upload(),
+            (rows, [self.sequences.len(), width])
+        })
+    }
+
+    /// `what` of this step on `device`: `rows` (`[rows, columns]`, row-major) uploaded as `i32`
+    /// by the first layer that asks there, the same tensor for the step's later layers.
+    ///
+    /// # Panics
+    /// When a value does not fit an `i32` (the pool's page cap keeps ids and lengths below).
+    #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
+    pub(crate) fn uploaded_once<B: Backend>(
+        &self,
+        what: StepUpload,
+        device: &B::Device,
+        rows: impl FnOnce() -> (Vec<usize>, [usize; 2]),
+    ) -> Tensor<B, 2, Int> {
+        let mut uploads = self
+            .uploads
+            .lock()
+            .expect("no upload panics while holding it");
+        let cached = uploads
+            .iter()
+            .filter(|(key, _)| *key == what)
+            .find_map(|(_, tensor)| tensor.downcast_ref::<Tensor<B, 2, Int>>())
+            .filter(|tensor| tensor.device() == *device);
+        if let Some(tensor) = cached {
+            return tensor.clone();
         }
+        let (rows, shape) = rows();
+        let rows: Vec<i32> = rows
+            .into_iter()
+            .map(|value| i32::try_from(value).expect("the pool's ids and lengths fit an i32"))
+            .collect();
+        let tensor =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(rows, shape), (device, DType::I32));
+        // A step read on two devices keeps the first's; the other's is uploaded each time.
+        if !uploads.iter().any(|(key, _)| *key == what) {
+            uploads.push((what, Arc::new(tensor.clone())));
+        }
+        tensor
     }
 
     /// The pages each layer copies before writing the step.
@@ -223,5 +270,57 @@ impl RaggedStep {
             .window
             .map_or(0, |window| (past + 1).saturating_sub(window));
         first / self.page_size * self.page_size
+    }
+}
+
+#[cfg(all(test, feature = "ndarray"))]
+mod tests {
+    use std::cell::Cell;
+
+    use burn::backend::NdArray;
+
+    use super::{RaggedStep, SequenceStep, StepUpload};
+
+    #[test]
+    fn a_step_uploads_each_of_its_tensors_once_for_all_its_layers() {
+        let sequences = vec![
+            SequenceStep { past: 40, new: 1 },
+            SequenceStep { past: 0, new: 3 },
+        ];
+        let step = RaggedStep::new(32, 4, None, sequences, vec![vec![0, 1], vec![2]], vec![]);
+        let device = Default::default();
+        // Each sequence's first token, new tokens, keys, then its pages (padded with its last).
+        let tables = step
+            .tables_on::<NdArray>(&device)
+            .into_data()
+            .convert::<i64>();
+        assert_eq!(
+            tables.to_vec::<i64>().unwrap(),
+            [0, 1, 41, 0, 1, 1, 3, 3, 2, 2]
+        );
+
+        let uploads = Cell::new(0);
+        let upload = |what| {
+            step.clone().uploaded_once::<NdArray>(what, &device, || {
+                uploads.set(uploads.get() + 1);
+                (vec![uploads.get()], [1, 1])
+            })
+        };
+        let work = |pairs_per_block| StepUpload::WorkList {
+            heads: 4,
+            kv_heads: 2,
+            pairs_per_block,
+        };
+        let first = upload(work(8));
+        for _ in 0..3 {
+            assert_eq!(upload(work(8)).into_data(), first.clone().into_data());
+        }
+        assert_eq!(
+            uploads.get(),
+            1,
+            "the later layers (and clones) share the first's"
+        );
+        upload(work(16));
+        assert_eq!(uploads.get(), 2, "a launch of another size has its own");
     }
 }

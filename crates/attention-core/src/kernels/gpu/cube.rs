@@ -9,7 +9,7 @@ use cubecl::prelude::*;
 
 use super::simt::{self, GeometryLaunch, SplitsLaunch, Tiling};
 use super::tiling::{self, Pass, Sizes};
-use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors, KvTensors};
+use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors, KvTensors, PagedLaunch};
 
 /// Units per cube of the combine of split keys.
 pub(super) const COMBINE_UNITS: u32 = 256;
@@ -55,15 +55,20 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
         };
         let has_sinks = sinks.is_some();
         let sinks = sinks.map_or_else(|| query.clone(), into_contiguous);
-        let blocks = pair_blocks(&call, &tiling);
-        let stored = &tensors.stored;
-        simt::flash_forward::launch::<R>(
-            &client,
-            CubeCount::Static(
-                blocks * splits as u32,
+        // A ragged step's cubes are its work list's rows; a plain call's, every block and split
+        // of every sequence.
+        let cubes = match tensors.work_rows {
+            0 => CubeCount::Static(
+                pair_blocks(&call, &tiling) * splits as u32,
                 call.kv_heads as u32,
                 call.batch as u32,
             ),
+            rows => CubeCount::Static(rows as u32, call.kv_heads as u32, 1),
+        };
+        let stored = &tensors.stored;
+        simt::flash_forward::launch::<R>(
+            &client,
+            cubes,
             CubeDim::new_1d(tiling.units()),
             vector,
             query.clone().into_tensor_arg(),
@@ -75,7 +80,8 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
             stored.scales[1].clone().into_tensor_arg(),
             tensors.padding_arg(),
             tensors.documents_arg(),
-            tensors.pages_arg(),
+            tensors.tables.clone().into_tensor_arg(),
+            tensors.work.clone().into_tensor_arg(),
             sinks.into_tensor_arg(),
             output.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
@@ -186,6 +192,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> FlashBacke
         [query_grad, key_grad, value_grad]
     }
 
+    fn forward_tiling(device: &Self::Device, call: &FlashCall, dtype: DType) -> Tiling {
+        let client = R::client(device);
+        let vector = vector_size(&client, call, dtype);
+        tiling_of(&client, Pass::Forward, call, dtype, vector)
+    }
+
     fn end_step(_: &Self::Device) {
         // Launches go to the device's queue as they are made: nothing is held back.
     }
@@ -204,9 +216,12 @@ struct Contiguous<R: CubeRuntime> {
     has_padding: bool,
     documents: CubeTensor<R>,
     has_documents: bool,
-    pages: CubeTensor<R>,
-    /// Page ids per sequence; 0 without pages.
+    /// A ragged step's tables and work list ([`PagedLaunch`]).
+    tables: CubeTensor<R>,
+    work: CubeTensor<R>,
+    /// Page ids per sequence, and cubes of the work list; 0 without pages.
     table_len: usize,
+    work_rows: usize,
 }
 
 /// An int8 cache's keys and values as the forward kernel reads them: words, scales, and whether
@@ -229,10 +244,14 @@ impl<R: CubeRuntime> Contiguous<R> {
             let (client, device) = (query.client.clone(), query.device.clone());
             empty_device_dtype::<R>(client, device, Shape::new([1]), dtype)
         };
-        let table_len = tensors
-            .pages
-            .as_ref()
-            .map_or(0, |pages| pages.meta.shape()[1]);
+        let (tables, work, table_len, work_rows) = match tensors.pages {
+            Some(PagedLaunch { tables, work }) => {
+                let (table_len, work_rows) = (tables.meta.shape()[1], work.meta.shape()[0]);
+                let [tables, work] = [tables, work].map(into_contiguous);
+                (tables, work, table_len, work_rows)
+            }
+            None => (none(DType::U32), none(DType::U32), 0, 0),
+        };
         let (key, value, stored) = match tensors.kv {
             KvTensors::Float { key, value } => {
                 let stored = Int8Kv {
@@ -252,10 +271,10 @@ impl<R: CubeRuntime> Contiguous<R> {
             }
         };
         Self {
-            pages: tensors
-                .pages
-                .map_or_else(|| none(DType::U32), into_contiguous),
+            tables,
+            work,
             table_len,
+            work_rows,
             key,
             value,
             stored,
@@ -277,10 +296,6 @@ impl<R: CubeRuntime> Contiguous<R> {
 
     fn documents_arg(&self) -> TensorArg<R> {
         self.documents.clone().into_tensor_arg()
-    }
-
-    fn pages_arg(&self) -> TensorArg<R> {
-        self.pages.clone().into_tensor_arg()
     }
 }
 

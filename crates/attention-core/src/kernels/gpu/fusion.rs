@@ -17,7 +17,8 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{BackendIr, CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
-use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors, KvTensors};
+use super::simt::Tiling;
+use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors, KvTensors, PagedLaunch};
 
 impl<B: FusionBackend + FlashBackend> FlashBackend for Fusion<B> {
     fn flash_forward(
@@ -60,6 +61,10 @@ impl<B: FusionBackend + FlashBackend> FlashBackend for Fusion<B> {
         registered::<B, 3>(pass, call, inputs, shapes)
     }
 
+    fn forward_tiling(device: &Self::Device, call: &FlashCall, dtype: DType) -> Tiling {
+        B::forward_tiling(device, call, dtype)
+    }
+
     fn end_step(device: &Self::Device) {
         // The stream's queued operations are optimized and launched now (the host waits for
         // that, not for the device): see `op::end_step`.
@@ -68,7 +73,8 @@ impl<B: FusionBackend + FlashBackend> FlashBackend for Fusion<B> {
 }
 
 /// The query, keys and values (key, value; or an int8 cache's key and value words, then their
-/// scales), padding, documents and pages, in the order the operation reads them.
+/// scales), padding, documents, and a ragged step's tables and work list, in the order the
+/// operation reads them.
 fn inputs<R: FusionRuntime, B: FusionBackend<FusionRuntime = R>>(
     tensors: FlashTensors<Fusion<B>>,
 ) -> impl Iterator<Item = FusionTensor<R>> {
@@ -80,7 +86,12 @@ fn inputs<R: FusionRuntime, B: FusionBackend<FusionRuntime = R>>(
         .chain(kv)
         .chain(tensors.key_padding)
         .chain(tensors.documents)
-        .chain(tensors.pages)
+        .chain(
+            tensors
+                .pages
+                .into_iter()
+                .flat_map(|pages| [pages.tables, pages.work]),
+        )
 }
 
 /// Which of [`FlashTensors`]' optional tensors a call was given.
@@ -108,10 +119,9 @@ impl Given {
 #[derive(Debug, Clone, Copy)]
 enum Pass {
     /// Inputs: query, key, value (an int8 cache: key words, value words, key scales, value
-    /// scales), [padding], [documents], [pages], [sinks]; outputs: output,
-    /// lse.
+    /// scales), [padding], [documents], [tables, work list], [sinks]; outputs: output, lse.
     Forward { given: Given, has_sinks: bool },
-    /// Inputs: query, key, value, [padding], [documents], [pages], output gradient, lse, delta;
+    /// Inputs: query, key, value, [padding], [documents], output gradient, lse, delta;
     /// outputs: the query, key and value gradients.
     Backward { given: Given },
 }
@@ -155,7 +165,10 @@ impl<B: FusionBackend + FlashBackend> Operation<B::FusionRuntime> for FlashOpera
             kv,
             key_padding: given.padding.then(|| inputs.float::<B>()),
             documents: given.documents.then(|| inputs.float::<B>()),
-            pages: given.pages.then(|| inputs.int::<B>()),
+            pages: given.pages.then(|| PagedLaunch {
+                tables: inputs.int::<B>(),
+                work: inputs.int::<B>(),
+            }),
         };
         let outputs: Vec<FloatTensor<B>> = match self.pass {
             Pass::Forward { has_sinks, .. } => {
@@ -198,7 +211,8 @@ impl<H: Clone> Inputs<'_, H> {
         self.handles.get_float_tensor::<B>(&ir)
     }
 
-    /// The next input, an integer tensor (an int8 cache's words, a ragged step's tables).
+    /// The next input, an integer tensor (an int8 cache's words, a ragged step's tables and work
+    /// list).
     fn int<B: BackendIr<Handle = H>>(&mut self) -> IntTensor<B> {
         let ir = self.next_ir();
         self.handles.get_int_tensor::<B>(&ir)

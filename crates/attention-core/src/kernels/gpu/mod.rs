@@ -6,6 +6,7 @@
 //!   gradient, key/value gradient); a tier on tensor cores would sit beside it, chosen in
 //!   `cube.rs` where the device has them
 //! - `tiling.rs`: which compiled variant (head width, vector, block and tile) a call runs
+//! - `work.rs`: which cube of a ragged step's forward launch computes what
 //! - `forced.rs`: the blocks and tiles the tests force, and so which variants lavapipe has run
 //! - `cube.rs`: [`FlashBackend`] on a plain `CubeBackend`: launches on its tensors
 //! - `fusion.rs`: [`FlashBackend`] on `Fusion<B>`: each call one custom operation of the fusion
@@ -23,8 +24,10 @@ mod simt;
 #[cfg(all(test, feature = "wgpu"))]
 mod tests;
 mod tiling;
+mod work;
 
 use burn::prelude::*;
+use burn::tensor::DType;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
 use super::device_kv::DeviceKv;
@@ -65,17 +68,30 @@ pub(crate) struct FlashCall {
 /// - `key_padding`: `[batch, keys]`, `1` = padding, in the query's float type
 /// - `documents`: `[batch, keys, 2]`, each position's document `[start, end)`, `f32`, where the
 ///   sequences are packed from documents (then `queries == keys`)
-/// - `pages`: `[batch, table_len]` (`i32`), with the keys and values a page pool (see the field)
+/// - `pages`: see [`PagedLaunch`]
 #[derive(Debug, Clone)]
 pub(crate) struct FlashTensors<B: Backend> {
     pub query: FloatTensor<B>,
     pub kv: KvTensors<B>,
     pub key_padding: Option<FloatTensor<B>>,
     pub documents: Option<FloatTensor<B>>,
-    /// A ragged step's tables, `[batch, table_len]` in `i32` (each sequence's first query row,
-    /// queries and keys, then its page ids), where the keys and values are a page pool `[1,
-    /// pages · page_size, ·]`.
-    pub pages: Option<IntTensor<B>>,
+    /// A ragged step's tables and work list, where the keys and values are a page pool `[1,
+    /// pages · page_size, ·]` (forward pass only).
+    pub pages: Option<PagedLaunch<B>>,
+}
+
+/// What a ragged step's forward launch reads besides its queries and the page pool: both
+/// uploaded once per step and shared by its layers.
+///
+/// # Shapes
+/// - `tables`: `[sequences, table_len]` (`i32`): each sequence's first query row, queries and
+///   keys, then its page ids
+/// - `work`: `[cubes, work::WORK_COLUMNS]` (`i32`): each cube's sequence, block of pairs, split
+///   of the keys, and that sequence's count of splits (`work.rs`)
+#[derive(Debug, Clone)]
+pub(crate) struct PagedLaunch<B: Backend> {
+    pub tables: IntTensor<B>,
+    pub work: IntTensor<B>,
 }
 
 /// The keys and values a kernel reads: in a float type (the query's; the forward pass also reads
@@ -161,6 +177,10 @@ pub(crate) trait FlashBackend: Backend {
         grads: FlashGradInputs<Self>,
         call: FlashCall,
     ) -> [FloatTensor<Self>; 3];
+
+    /// The block and tile the forward pass runs `call` at on `device`, for queries of `dtype`:
+    /// what a ragged step's work list is cut by before the launch.
+    fn forward_tiling(device: &Self::Device, call: &FlashCall, dtype: DType) -> simt::Tiling;
 
     /// Ends a decoding step on `device`'s queue without waiting for the device (see
     /// [`end_step`]): a fusion backend runs what it has queued, a plain one has nothing to do.

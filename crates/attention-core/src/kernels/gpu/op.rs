@@ -12,12 +12,14 @@ use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Bool, DType, TensorData, TensorPrimitive};
 
-use super::simt::{SPLIT_KEYS, SPLIT_MAX_QUERIES};
-use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors, KvTensors};
+use super::tiling::TileRule;
+use super::work::{self, WorkSizes};
+use super::{FlashBackend, FlashCall, FlashGradInputs, FlashTensors, KvTensors, PagedLaunch};
 use crate::documents::Documents;
 use crate::kernels::device_kv::DeviceKv;
 use crate::kernels::inputs::KernelInputs;
 use crate::kernels::{CachedInputs, KvStorage, PagedInputs, PagedStorage, same_type};
+use crate::paged::StepUpload;
 
 /// The kernel's forward pass on `Bare`, which `B` is.
 pub(crate) fn forward<B: Backend, Bare: FlashBackend>(inputs: KernelInputs<B>) -> Tensor<B, 3> {
@@ -79,7 +81,7 @@ fn prepared<B: Backend>(
         softcap: inputs.scores.softcap.map(|cap| cap as f32),
         key_splits: 1,
         page_size: 0,
-        tiles: super::tiling::TileRule::Auto,
+        tiles: TileRule::Auto,
     };
     let tensors = FlashTensors {
         query: float(inputs.query),
@@ -289,9 +291,9 @@ impl<B: Backend> StoredStep<B> {
 
 /// A ragged step over a page pool on the device (`PagedStorage::Tensors`), on `Bare`, which `B`
 /// is: one launch for every sequence, each cube's sequence, query block and split of the keys
-/// read from the step's tables, its keys and values read where they lie in the pool. Each
-/// sequence takes its own count of key splits (none for a prompt chunk), the launch the most of
-/// them. The tables go up once per step, shared by its layers.
+/// read from the step's work list, its keys and values read where they lie in the pool. Each
+/// sequence takes its own count of key splits (none for a prompt chunk). The tables go up once
+/// per step, and the work list once per step and launch size, shared by its layers.
 ///
 /// # Shapes
 /// - `inputs.query`: `[1, tokens, heads · head_dim]`; output the same
@@ -301,7 +303,7 @@ pub(crate) fn paged<B: Backend, Bare: FlashBackend>(inputs: PagedInputs<'_, B>) 
     };
     let [_, page_size] = keys.dims();
     let step = inputs.step;
-    let tables = step.tables_on::<B>(&inputs.query.device());
+    let (device, dtype) = (inputs.query.device(), inputs.query.dtype());
     let stored = StoredStep {
         query: inputs.query,
         heads: inputs.heads,
@@ -313,27 +315,53 @@ pub(crate) fn paged<B: Backend, Bare: FlashBackend>(inputs: PagedInputs<'_, B>) 
     let [keys, values] = [keys, values].map(|pages| pages.clone().merged());
     let [_, pool_rows] = keys.dims();
     let (mut tensors, sinks, call) = stored.prepared::<Bare>([&keys, &values]);
-    tensors.pages = Some(same_type::<_, Tensor<Bare, 2, Int>>(tables).into_primitive());
     let sequences = step.sequences();
-    let queries = sequences.iter().map(|s| s.new).max().unwrap_or(1);
-    let keys = sequences.iter().map(|s| s.keys()).max().unwrap_or(1);
     let pairs = sequences.len() * call.heads;
-    // The launch has the most splits any sequence takes; each cube applies the same rule to its
-    // own sequence, so a prompt chunk or a short row beside a long decoding row is not split.
-    let key_splits = sequences
+    // Each sequence's own count of splits: a prompt chunk or a short row beside a long decoding
+    // row is not split. The launch's outputs hold the most.
+    let splits: Vec<usize> = sequences
         .iter()
         .map(|s| decode_splits(pairs, s.new, s.keys()))
-        .max()
-        .unwrap_or(1);
+        .collect();
     let call = FlashCall {
         batch: sequences.len(),
-        queries,
-        keys,
+        queries: sequences.iter().map(|s| s.new).max().unwrap_or(1),
+        keys: sequences.iter().map(|s| s.keys()).max().unwrap_or(1),
         key_rows: pool_rows,
         page_size,
-        key_splits,
+        key_splits: splits.iter().copied().max().unwrap_or(1),
         ..call
     };
+    // The work list is cut by the launch's blocks: the launch runs at the tiling it was cut by.
+    let bare_device: Bare::Device = same_type(device.clone());
+    let tiling = Bare::forward_tiling(&bare_device, &call, dtype);
+    let call = FlashCall {
+        tiles: TileRule::Fixed {
+            block: tiling.block,
+            tile: tiling.tile,
+        },
+        ..call
+    };
+    let group = call.heads / call.kv_heads;
+    let upload = StepUpload::WorkList {
+        heads: call.heads,
+        kv_heads: call.kv_heads,
+        pairs_per_block: tiling.block as usize,
+    };
+    let work = step.uploaded_once::<B>(upload, &device, || {
+        let sizes = WorkSizes {
+            group,
+            block: tiling.block as usize,
+            window: step.window(),
+        };
+        work::rows(&work::work_list(sequences, &splits, sizes))
+    });
+    let int =
+        |tensor: Tensor<B, 2, Int>| same_type::<_, Tensor<Bare, 2, Int>>(tensor).into_primitive();
+    tensors.pages = Some(PagedLaunch {
+        tables: int(step.tables_on::<B>(&device)),
+        work: int(work),
+    });
     let [output, _] = Bare::flash_forward(tensors, sinks.map(float), call);
     same_type(Tensor::<Bare, 3>::from_primitive(TensorPrimitive::Float(
         output,
@@ -357,6 +385,11 @@ pub(crate) fn end_step<B: Backend, Bare: FlashBackend>(device: &B::Device) {
     Bare::end_step(&device);
 }
 
+/// Keys a split of a decoding step takes at least.
+const SPLIT_KEYS: usize = 64;
+/// Queries per sequence above which a call's keys are not split (a prompt chunk's cubes are
+/// enough work without).
+const SPLIT_MAX_QUERIES: usize = 8;
 /// The most splits of a decoding step.
 const MAX_SPLITS: usize = 16;
 /// `batch · heads` from which a decoding step's one cube per (sequence, head) keeps a GPU busy.
@@ -366,10 +399,10 @@ const BUSY_CUBES: usize = 64;
 /// cache for few (sequence, head) pairs would otherwise run on `pairs` cubes, each walking the
 /// whole cache.
 fn decode_splits(pairs: usize, queries: usize, keys: usize) -> usize {
-    if pairs >= BUSY_CUBES || queries > SPLIT_MAX_QUERIES as usize {
+    if pairs >= BUSY_CUBES || queries > SPLIT_MAX_QUERIES {
         return 1;
     }
-    (keys / SPLIT_KEYS as usize).clamp(1, MAX_SPLITS)
+    (keys / SPLIT_KEYS).clamp(1, MAX_SPLITS)
 }
 
 #[cfg(test)]

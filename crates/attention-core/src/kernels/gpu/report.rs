@@ -204,8 +204,8 @@ fn simt_kernel(
     let kernel: Box<dyn CubeKernel> = match pass {
         Pass::Forward => Box::new(simt::flash_forward::FlashForward::<WgpuRuntime>::new(
             settings, client, tensor(), tensor(), tensor(), tensor(), tensor(), tensor(), tensor(),
-            tensor(), tensor(), tensor(), tensor(), tensor(), tensor(), geometry, vector, tiling,
-            false, [storage, storage, storage],
+            tensor(), tensor(), tensor(), tensor(), tensor(), tensor(), tensor(), geometry, vector,
+            tiling, false, [storage, storage, storage],
         )),
         Pass::QueryGrad => Box::new(simt::flash_query_grad::FlashQueryGrad::<WgpuRuntime>::new(
             settings, client, tensor(), tensor(), tensor(), tensor(), tensor(), tensor(), tensor(),

@@ -23,14 +23,16 @@ const WIDTHS: [usize; 5] = [64, 80, 96, 128, 256];
 const MAX_BLOCK: u32 = 64;
 /// Tile lengths, longest first.
 pub(crate) const TILES: [u32; 3] = [32, 16, 8];
+// A tile spans at most two pages: the paged tile load reads two entries of a table.
+const _: () = assert!(crate::PagePool::MIN_PAGE_SIZE >= TILES[0] as usize);
 
 /// How a call's blocks and tiles are chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TileRule {
     /// By this module's rule.
     Auto,
-    /// This block and tile for every kernel of the call (the tests' variants, `forced.rs`).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// This block and tile for every kernel of the call: the tests' variants (`forced.rs`), and a
+    /// ragged step's launch at the tiling its work list was cut by.
     Fixed { block: u32, tile: u32 },
 }
 

@@ -3,16 +3,17 @@
 use cubecl::prelude::*;
 
 use super::{
-    Geometry, KeySource, KeyTile, PairBlock, RowsVector, SPLIT_KEYS, SPLIT_MAX_QUERIES, Tiling,
-    UNIT_ROWS, Unit, accumulate_tile, is_visible, load_pairs, masked, scored, store_row, tile_dots,
-    unit_scores, zeroed_rows,
+    Geometry, KeySource, KeyTile, PairBlock, RowsVector, Tiling, UNIT_ROWS, Unit, WORK_COLUMNS,
+    accumulate_tile, is_visible, load_pairs, masked, scored, store_row, tile_dots, unit_scores,
+    zeroed_rows,
 };
 
 /// The forward pass: `output` and the per-row log-sum-exp.
 ///
 /// Cube `(x, y, z)`: block `blocks − 1 − x / splits` of the key/value head's (query, query head)
 /// pairs (the last, heaviest blocks first) and key split `x % splits`; key/value head `y`;
-/// sequence `z`. `O` is the output's float type: the input's, or `f32` for split partials.
+/// sequence `z`; in a ragged step, cube `(x, y)` does row `x` of the work list for key/value head
+/// `y`. `O` is the output's float type: the input's, or `f32` for split partials.
 ///
 /// # Shapes
 /// - `query`: `[batch, queries, heads · head_dim]`
@@ -28,6 +29,8 @@ use super::{
 ///   heads · head_dim]`, every sequence's queries one after another, `key` and `value` a page
 ///   pool `[1, pages · page_size, kv_heads · head_dim]`, and `output` and `lse` have `tokens`
 ///   rows per split
+/// - `work`: a ragged step's `[cubes, WORK_COLUMNS]`, each cube's sequence, block of its pairs,
+///   split of its keys and count of splits (read when `geometry.page_size > 0`)
 /// - `sinks`: `[heads]` (read when `geometry.with_sinks`)
 /// - `output`: `[splits, batch, queries, heads · head_dim]`, each split's output normalized over
 ///   its own keys
@@ -45,6 +48,7 @@ pub fn flash_forward<F: Float, O: Float, S: Float, N: Size>(
     key_padding: &Tensor<F>,
     documents: &Tensor<f32>,
     tables: &Tensor<u32>,
+    work: &Tensor<u32>,
     sinks: &Tensor<F>,
     output: &mut Tensor<Vector<O, N>>,
     lse: &mut Tensor<f32>,
@@ -58,40 +62,34 @@ pub fn flash_forward<F: Float, O: Float, S: Float, N: Size>(
     // Each split's outputs are rows of all of the call's queries.
     let mut split_rows = CUBE_COUNT_Z * geometry.queries;
     let mut geometry = geometry;
+    let mut sequence = CUBE_POS_Z;
     let mut query_base = CUBE_POS_Z * geometry.queries;
+    let mut from_last = CUBE_POS_X / geometry.splits;
+    let mut split = CUBE_POS_X % geometry.splits;
+    // The splits of this cube's sequence: the launch's, but in a ragged step.
+    let mut own_splits = geometry.splits;
     if geometry.page_size > 0 {
-        // A ragged step: sequence `z`'s queries and keys lead its row of the tables, and the
-        // launch's `queries` counts every sequence's together.
-        let row = CUBE_POS_Z * geometry.table_len;
+        // A ragged step: the work list names this cube's sequence, block and split; the
+        // sequence's queries and keys lead its row of the tables, and the launch's `queries`
+        // counts every sequence's together.
+        let item = CUBE_POS_X * WORK_COLUMNS;
+        sequence = work[item as usize];
+        let row = sequence * geometry.table_len;
         split_rows = geometry.queries;
         query_base = tables[row as usize];
         geometry.queries = tables[(row + 1) as usize];
         geometry.keys = tables[(row + 2) as usize];
-        // The sequence's own splits, by the rule the host applies to a whole call: none for a
-        // prompt chunk, one per `SPLIT_KEYS` keys for a decoding row, at most the launch's. The
-        // launch's further splits get no keys and leave a partial the combine weighs 0.
-        let mut own_splits = 1u32;
-        if geometry.queries <= SPLIT_MAX_QUERIES {
-            own_splits = min(max(geometry.keys / SPLIT_KEYS, 1u32), geometry.splits);
-        }
+        split = work[(item + 2) as usize];
+        own_splits = work[(item + 3) as usize];
         geometry.split_len = geometry.keys.div_ceil(own_splits);
-        // The grid has the longest sequence's blocks: a shorter one's extra cubes stop here.
         let pairs = geometry.queries * (geometry.heads / geometry.kv_heads);
-        if CUBE_POS_X / geometry.splits >= pairs.div_ceil(sizes.block) {
-            terminate!();
-        }
+        from_last = pairs.div_ceil(sizes.block) - 1 - work[(item + 1) as usize];
     }
     let mut unit = Unit::new(&geometry, sizes);
+    unit.batch = sequence;
     unit.query_base = query_base;
-    let block = PairBlock::new(
-        CUBE_POS_X / geometry.splits,
-        documents,
-        &unit,
-        &geometry,
-        sizes.block,
-    );
+    let block = PairBlock::new(from_last, documents, &unit, &geometry, sizes.block);
     let first_keys = block.document_starts(documents, &unit, &geometry);
-    let split = CUBE_POS_X % geometry.splits;
     let (lanes, cols) = comptime!((sizes.lanes, sizes.cols));
 
     // The block's query rows.
@@ -102,7 +100,7 @@ pub fn flash_forward<F: Float, O: Float, S: Float, N: Size>(
     // A split's own keys only.
     let mut key_start = block.key_start;
     let mut key_end = block.key_end;
-    if geometry.splits > 1 {
+    if own_splits > 1 {
         let split_start = split * geometry.split_len;
         key_start = max(key_start, split_start);
         key_end = min(key_end, split_start + geometry.split_len);
@@ -263,6 +261,14 @@ pub fn flash_forward<F: Float, O: Float, S: Float, N: Size>(
             if unit.lane == 0 {
                 let lse_at = (out_row * geometry.heads + head) as usize;
                 lse[lse_at] = select(seen, most + f32::ln(sum), masked());
+                // The launch's splits past the sequence's own have no cube: the first split
+                // marks them empty for the combine.
+                if split == 0 {
+                    for unused in own_splits..geometry.splits {
+                        let row = unused * split_rows + unit.query_row(pair);
+                        lse[(row * geometry.heads + head) as usize] = masked();
+                    }
+                }
             }
         }
     }
@@ -278,8 +284,9 @@ pub struct Splits {
 }
 
 /// Flash-decoding's combine: each row's split outputs weighted by `exp(lse_s − lse)`, where
-/// `lse` is the log-sum-exp over all splits. A split that saw no key has `lse_s` = [`masked`] and
-/// weight 0; a row no split saw gets output 0 and `lse` [`masked`]. One unit per row and vector.
+/// `lse` is the log-sum-exp over all splits. A split that saw no key (or that the row's sequence
+/// does not have) has `lse_s` = [`masked`] and is not read; a row no split saw gets output 0 and
+/// `lse` [`masked`]. One unit per row and vector.
 ///
 /// # Shapes
 /// - `partial`: `[splits, rows · head_vectors]` vectors (`f32`); `partial_lse`: `[splits, rows]`
@@ -305,10 +312,13 @@ pub fn flash_combine<F: Float, N: Size>(
         let mut sum = Vector::<f32, N>::new(0.0);
         for split in 0..sizes.splits {
             let part = partial_lse[(split * sizes.rows + row) as usize];
-            let weight = select(is_visible(part), f32::exp(part - most), 0.0);
-            total += weight;
-            let from = (split * sizes.rows + row) * sizes.head_vectors + vector;
-            sum += partial[from as usize] * Vector::<f32, N>::new(weight);
+            // An empty split's partial output may never have been written: it is not read.
+            if is_visible(part) {
+                let weight = f32::exp(part - most);
+                total += weight;
+                let from = (split * sizes.rows + row) * sizes.head_vectors + vector;
+                sum += partial[from as usize] * Vector::<f32, N>::new(weight);
+            }
         }
         let seen = total > 0.0;
         let inverse = select(seen, 1.0 / total, 0.0);

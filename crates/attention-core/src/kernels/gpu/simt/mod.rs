@@ -135,11 +135,9 @@ pub fn is_visible(score: f32) -> bool {
 /// query's row among the step's queries, its count of queries, its count of keys.
 pub const SEQUENCE_COLUMNS: u32 = 3;
 
-/// Keys a split of a decoding step takes at least.
-pub const SPLIT_KEYS: u32 = 64;
-/// Queries per sequence above which a call's keys are not split (a prompt chunk's cubes are
-/// enough work without).
-pub const SPLIT_MAX_QUERIES: u32 = 8;
+/// The columns of each cube's row of a ragged step's work list: its sequence, its block of the
+/// sequence's pairs (counted from the first), its split of the keys, the sequence's splits.
+pub const WORK_COLUMNS: u32 = 4;
 
 /// The sizes and score rule of one call, as the kernels take them (uniform over the cubes).
 #[derive(CubeType, CubeLaunch, Clone, Copy)]
@@ -174,9 +172,11 @@ pub struct Geometry {
     pub splits: u32,
     pub split_len: u32,
     /// Positions per page when the call is a ragged step over a page pool; 0 when the keys and
-    /// values are rows of their tensors, and the tables tensor is not read. A ragged step's
-    /// sequence `z` has row `z` of the tables, `table_len` wide: [`SEQUENCE_COLUMNS`] (its first
-    /// query's row, its queries, its keys), then its page ids.
+    /// values are rows of their tensors, and the tables and work list are not read. A ragged
+    /// step's sequence `s` has row `s` of the tables, `table_len` wide: [`SEQUENCE_COLUMNS`] (its
+    /// first query's row, its queries, its keys), then its page ids. `queries` and `keys` are
+    /// then the launch's (its every sequence's queries; the most keys) until a cube reads its
+    /// sequence's.
     pub page_size: u32,
     pub table_len: u32,
 }
@@ -465,28 +465,67 @@ pub fn load_rows<F: Float, N: Size>(
     }
 }
 
-/// The storage row of key `key` of `source`'s sequence, whose keys from `first_key` on lie
-/// from row `first_row` (a plain call, or a cache's rows), or, in a ragged step over a page pool,
-/// at row `key % page_size` of the page its table names at `key / page_size`.
-/// `paged` is a compile-time choice (the caller branches once, outside its loop), so that the
-/// dense path's loop carries no table lookup.
+/// Where a tile's keys lie in storage: from row `first_row` on (a plain call, or a cache's rows),
+/// or, in a ragged step over a page pool, key `j` at row `j % page_size` of the page its
+/// sequence's table names at `j / page_size`. A tile spans at most two pages (a page holds at
+/// least a tile), so its table is read once per tile, not per row. `paged` is a compile-time
+/// choice (the caller branches once, outside its loop), so that the dense path's loop carries no
+/// table lookup.
+#[derive(CubeType, Clone, Copy)]
+pub struct TileStorage {
+    /// The tile's first key, and its storage row where the keys are rows.
+    pub start: u32,
+    pub first_row: u32,
+    pub page_size: u32,
+    /// A paged tile's first page, the first key past it, and the page after (the first again
+    /// where the tile ends within it).
+    pub page: u32,
+    pub page_end: u32,
+    pub next_page: u32,
+}
+
 #[cube]
-pub fn storage_row(
-    key: u32,
-    first_key: u32,
-    first_row: u32,
-    tables: &Tensor<u32>,
-    source: &KeySource,
-    #[comptime] paged: bool,
-) -> u32 {
-    let geometry = source.geometry;
-    let mut row = first_row + key - first_key;
-    if comptime!(paged) {
-        let table = source.batch * geometry.table_len + SEQUENCE_COLUMNS;
-        let page = tables[(table + key / geometry.page_size) as usize];
-        row = page * geometry.page_size + key % geometry.page_size;
+impl TileStorage {
+    /// The tile of `from.count` keys from `start` of `source`'s sequence, whose keys from
+    /// `start` lie from row `from.first_row` where they are not paged.
+    pub fn new(
+        tables: &Tensor<u32>,
+        source: &KeySource,
+        start: u32,
+        from: &HeadRows,
+        #[comptime] paged: bool,
+    ) -> TileStorage {
+        let geometry = source.geometry;
+        let mut rows = TileStorage {
+            start,
+            first_row: from.first_row,
+            page_size: geometry.page_size,
+            page: 0,
+            page_end: 0,
+            next_page: 0,
+        };
+        if comptime!(paged) {
+            let table = source.batch * geometry.table_len + SEQUENCE_COLUMNS;
+            let index = start / geometry.page_size;
+            rows.page = tables[(table + index) as usize];
+            rows.page_end = (index + 1) * geometry.page_size;
+            rows.next_page = rows.page;
+            if start + from.count > rows.page_end {
+                rows.next_page = tables[(table + index + 1) as usize];
+            }
+        }
+        rows
     }
-    row
+
+    /// The storage row of the tile's key `key` (`start ≤ key < start + count`).
+    pub fn row(&self, key: u32, #[comptime] paged: bool) -> u32 {
+        let mut row = self.first_row + key - self.start;
+        if comptime!(paged) {
+            let page = select(key < self.page_end, self.page, self.next_page);
+            row = page * self.page_size + key % self.page_size;
+        }
+        row
+    }
 }
 
 /// Vector `vector` of `head`'s row `row` of an int8 cache, unpacked and scaled into `F`: `words`
@@ -520,7 +559,7 @@ pub fn int8_vector<F: Float, N: Size>(
 /// Loads keys `start ..` (`from.count` of them) of `source`'s head into `tile` from a cache's
 /// storage in any of its types, all units of the cube together: `stored` in a float type (the
 /// query's, or f16), cast as it is loaded; with `int8`, `words` and `scales` unpacked
-/// ([`int8_vector`]) instead. Rows are found by [`storage_row`].
+/// ([`int8_vector`]) instead. Rows are found by [`TileStorage::row`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn load_stored_rows<F: Float, S: Float, N: Size>(
@@ -528,9 +567,8 @@ pub fn load_stored_rows<F: Float, S: Float, N: Size>(
     words: &Tensor<u32>,
     scales: &Tensor<f32>,
     tile: &mut SharedMemory<Vector<F, N>>,
-    tables: &Tensor<u32>,
+    rows: &TileStorage,
     source: &KeySource,
-    start: u32,
     from: &HeadRows,
     #[comptime] sizes: KernelSizes,
     #[comptime] int8: bool,
@@ -543,7 +581,7 @@ pub fn load_stored_rows<F: Float, S: Float, N: Size>(
         let vector = at % sizes.vectors;
         let mut value = Vector::<F, N>::new(F::new(0.0));
         if row < from.count && vector < from.head_vectors {
-            let stored_row = storage_row(start + row, start, from.first_row, tables, source, paged);
+            let stored_row = rows.row(rows.start + row, paged);
             if comptime!(int8) {
                 value = int8_vector::<F, N>(
                     words,
@@ -682,7 +720,7 @@ impl<F: Float, N: Size> KeyTile<F, N> {
     /// [`load`](Self::load) for the forward pass, whose keys and values may be a cache's storage
     /// in a narrower type (see [`load_stored_rows`]), and in a ragged step a page pool: key `j` of
     /// the sequence lies at row `j % page_size` of the page that its table names at `j /
-    /// page_size` (one table read per row; a tile's rows share a page but where it crosses one).
+    /// page_size` ([`TileStorage`]: one table read per tile).
     /// A paged call has no padding; `paged` says whether this is one, at compile time.
     #[allow(clippy::too_many_arguments)]
     pub fn load_stored<S: Float>(
@@ -703,14 +741,14 @@ impl<F: Float, N: Size> KeyTile<F, N> {
         #[comptime] paged: bool,
     ) {
         let from = source.tile_rows(start, end, sizes);
+        let rows = TileStorage::new(tables, source, start, &from, paged);
         load_stored_rows::<F, S, N>(
             key,
             key_words,
             key_scales,
             &mut self.keys,
-            tables,
+            &rows,
             source,
-            start,
             &from,
             sizes,
             int8,
@@ -721,9 +759,8 @@ impl<F: Float, N: Size> KeyTile<F, N> {
             value_words,
             value_scales,
             &mut self.values,
-            tables,
+            &rows,
             source,
-            start,
             &from,
             sizes,
             int8,
